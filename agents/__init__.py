@@ -1,0 +1,1 @@
+"""Built-in agents, registered through the asyncrl.plugins entry point."""

@@ -1,0 +1,57 @@
+"""The `asyncrl` command line.
+
+Each subcommand lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`;
+this file only maps names to modules, so `asyncrl --help` stays fast (nothing heavy is imported
+until a subcommand runs). `train` is different: everything after it is a Hydra override.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("asyncrl.train", "run RL training (Hydra overrides: asyncrl train agent=react trainer.total_steps=5)"),
+    "plugins": ("asyncrl.plugins_cli", "list every registered agent loop, tool, parser, interaction, env and reward"),
+    "data": ("asyncrl.data", "build or check datasets (asyncrl data check FILE | asyncrl data arithmetic --out DIR)"),
+    "buffer": ("asyncrl.buffer.cli", "run the ZMQ replay buffer service alone (debugging)"),
+    "engine": ("asyncrl.engine.cli", "run the embedded inference engine server alone"),
+    "retriever": ("asyncrl.envs.search_r1.cli", "run the retrieval server for Search-R1 (asyncrl retriever serve)"),
+    "export": ("asyncrl.learner.export", "export a training checkpoint as a plain Hugging Face directory"),
+    "bench": ("asyncrl.bench", "run a benchmark (buffer | engine | learner | weights | e2e); prints a JSON line"),
+    "diagnose": ("asyncrl.diagnose", "report versions, devices and whether the default model loads"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asyncrl",
+        description="Asynchronous, off-policy RL for multi-turn, tool-using LLM agents.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in SUBCOMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        parser.error(f"unknown command {name!r}; commands: {', '.join(SUBCOMMANDS)}")
+    module_name, help_text = SUBCOMMANDS[name]
+    module = importlib.import_module(module_name)
+    sub = argparse.ArgumentParser(prog=f"asyncrl {name}", description=help_text)
+    module.add_arguments(sub)
+    args = sub.parse_args(rest) if not getattr(module, "RAW_ARGS", False) else argparse.Namespace(argv=rest)
+    return int(module.main(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

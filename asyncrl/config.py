@@ -1,0 +1,397 @@
+"""The typed configuration schema and its loader.
+
+The Hydra tree in `configs/` is composed first (plain Hydra overrides), then the resulting
+plain dict is converted into these dataclasses by `from_dict`, which fails on the first
+unknown key or wrong type with a message that names the key path and the valid choices.
+Range checks live in each section's `__post_init__`. Nothing starts before this passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+
+
+def config_dir() -> Path:
+    """The Hydra tree shipped as the `asyncrl.configs` package (the repo's configs/ when editable)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("asyncrl.configs")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("the asyncrl.configs package is missing: reinstall asyncrl (pip install -e .)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, misspelled, of the wrong type or out of range."""
+
+
+def _check(cond: bool, where: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{where}: {msg}")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "smollm2-135m"  # a known default model, or "custom" with `path`
+    path: Optional[str] = None  # a local HF checkpoint directory; overrides `name`
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: fp32 on CPU, bf16 on GPU
+    attn_implementation: Optional[str] = None  # None: sdpa (flash_attention_2 on GPU when installed)
+    gradient_checkpointing: bool = False
+    cache_dir: Optional[str] = None  # where the default model's safetensors copy is cached
+
+
+@dataclass
+class EngineConfig:
+    type: Literal["embedded", "sglang"] = "embedded"
+    num_engines: int = 1
+    urls: list[str] = field(default_factory=list)  # attach to running servers instead of launching
+    host: str = "127.0.0.1"
+    device: Optional[str] = None  # None: cuda if available else cpu
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    max_running_seqs: int = 16
+    max_running_tokens: int = 16384
+    launch_timeout_s: float = 300.0
+    request_timeout_s: float = 600.0
+    max_retries: int = 3
+    mem_fraction_static: float = 0.4  # sglang only
+    extra_args: list[str] = field(default_factory=list)  # sglang only, passed to launch_server
+
+    def __post_init__(self) -> None:
+        _check(self.num_engines >= 1, "engine.num_engines", f"must be >= 1, got {self.num_engines}")
+        _check(self.max_running_seqs >= 1, "engine.max_running_seqs", f"must be >= 1, got {self.max_running_seqs}")
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_new_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.temperature >= 0, "agent.sampling.temperature", f"must be >= 0, got {self.temperature}")
+        _check(0 < self.top_p <= 1, "agent.sampling.top_p", f"must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class AgentConfig:
+    name: str = "tool_agent"  # a registered agent loop
+    max_assistant_turns: int = 4
+    max_user_turns: int = 2
+    max_turn_tokens: int = 256  # budget of one generation
+    max_response_tokens: int = 768  # budget of the whole trajectory after the prompt
+    max_prompt_tokens: int = 512
+    tool_parser: str = "hermes"
+    tool_concurrency: int = 4
+    tool_timeout_s: float = 30.0
+    max_tool_response_tokens: int = 256
+    max_consecutive_invalid_calls: int = 3
+    system_prompt: Optional[str] = None
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+    def __post_init__(self) -> None:
+        for k in ("max_assistant_turns", "max_turn_tokens", "max_response_tokens", "max_prompt_tokens"):
+            _check(getattr(self, k) >= 1, f"agent.{k}", f"must be >= 1, got {getattr(self, k)}")
+
+
+@dataclass
+class ToolSpec:
+    """One tool, in verl's YAML shape: class_name (registered name, module:Class or file.py:Class)."""
+
+    class_name: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    tool_schema: Optional[dict[str, Any]] = None
+
+
+@dataclass
+class InteractionSpec:
+    name: str = ""
+    class_name: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RewardConfig:
+    path: Optional[str] = None  # file.py holding a custom reward function
+    name: Optional[str] = None  # function name in `path`, or a registered reward name
+
+
+@dataclass
+class RetrieverConfig:
+    url: Optional[str] = None  # use a running retrieval server; otherwise the run starts one
+    corpus: Optional[str] = None  # jsonl corpus; None: the env's synthetic corpus
+    topk: int = 3
+    method: Literal["bm25", "dense"] = "bm25"
+
+
+@dataclass
+class EnvConfig:
+    name: str = "arithmetic"  # a registered env
+    train_file: Optional[str] = None  # verl-schema parquet; None: the env generates one
+    val_file: Optional[str] = None
+    num_train: int = 2048
+    num_val: int = 64
+    seed: int = 0
+    difficulty: list[int] = field(default_factory=lambda: [1, 2])
+    skip_bad_rows: bool = False
+    tools: list[ToolSpec] = field(default_factory=list)
+    tools_config: Optional[str] = None  # a verl tool YAML file: {tools: [...]}
+    interactions: list[InteractionSpec] = field(default_factory=list)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    options: dict[str, Any] = field(default_factory=dict)  # env-specific knobs
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: Literal["grpo", "drgrpo", "rloo", "reinforce_pp"] = "grpo"
+    norm_adv_by_std: bool = True
+    n_samples: int = 4  # samples per prompt (group size)
+    max_staleness: int = 2  # eta: versions a trained token may lag the newest
+    decoupled: bool = True  # proximal forward: ratio against the learner's pre-step weights
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    is_level: Literal["token", "sequence"] = "token"
+    is_threshold: float = 2.0  # truncation of the behavior importance weight
+    is_reject_low: Optional[float] = None  # reject (mask) tokens/sequences whose weight is below
+    is_reject_high: Optional[float] = None  # ... or above
+    kl_coef: float = 0.0
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    entropy_coef: float = 0.0
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_sum_norm"] = "token_mean"
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    warmup_steps: int = 0
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    epochs: int = 1  # passes over each batch
+    minibatches: int = 1  # optimizer steps per pass
+    micro_batch_tokens: int = 4096  # token budget of one forward/backward
+    packing: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.n_samples >= 1, "algorithm.n_samples", f"must be >= 1, got {self.n_samples}")
+        _check(self.max_staleness >= 0, "algorithm.max_staleness", f"must be >= 0, got {self.max_staleness}")
+        _check(self.clip_low >= 0 and self.clip_high >= 0, "algorithm.clip_low/clip_high", "must be >= 0")
+        _check(self.is_threshold > 0, "algorithm.is_threshold", f"must be > 0, got {self.is_threshold}")
+        _check(self.lr > 0, "algorithm.lr", f"must be > 0, got {self.lr}")
+        _check(len(self.betas) == 2, "algorithm.betas", f"must hold 2 values, got {self.betas}")
+        _check(self.minibatches >= 1 and self.epochs >= 1, "algorithm.epochs/minibatches", "must be >= 1")
+
+
+@dataclass
+class WeightSyncConfig:
+    transport: Literal["auto", "gloo", "nccl", "tensor", "disk"] = "auto"
+    bucket_mb: int = 256
+    timeout_s: float = 120.0
+    mode: Literal["in_place", "abort"] = "in_place"
+    disk_dir: Optional[str] = None
+
+
+@dataclass
+class TrainerConfig:
+    mode: Literal["async", "sync"] = "async"
+    total_steps: int = 20
+    batch_groups: int = 4  # prompts (groups) per training step
+    rollout_workers: int = 1
+    episodes_per_worker: int = 16  # concurrent agent loops per rollout worker
+    max_inflight_generations: int = 16  # engine slots across the rollout side
+    learner_ranks: int = 1
+    output_dir: str = "outputs/${now:%Y-%m-%d_%H-%M-%S}"
+    checkpoint_every: int = 0  # steps; 0: only at the end
+    keep_checkpoints: int = 2
+    resume: Literal["off", "auto"] = "off"
+    eval_every: int = 0  # steps; 0: no evaluation
+    eval_pass_k: int = 1
+    eval_samples: int = 32
+    wandb: Literal["off", "offline", "online"] = "offline"
+    wandb_project: str = "asyncrl"
+    dump_trajectories: float = 1.0  # fraction of trajectories written to trajectories.jsonl
+    progress: bool = True
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}")
+        _check(self.batch_groups >= 1, "trainer.batch_groups", f"must be >= 1, got {self.batch_groups}")
+        _check(0.0 <= self.dump_trajectories <= 1.0, "trainer.dump_trajectories", "must be in [0, 1]")
+
+
+@dataclass
+class BufferConfig:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: pick a free port
+    wal_dir: Optional[str] = None  # None: <output_dir>/buffer
+    fsync: Literal["each", "batched", "off"] = "batched"
+    capacity_trajectories: int = 100_000
+    capacity_bytes: int = 4 << 30
+    order: Literal["oldest", "newest"] = "oldest"
+    max_frame_bytes: int = 256 << 20
+    curve_server_secret: Optional[str] = None  # z85 keys; required for a non-loopback bind
+    curve_server_public: Optional[str] = None
+
+
+@dataclass
+class RayConfig:
+    address: Optional[str] = None  # None: start a local instance; "auto": join a cluster
+    num_cpus: Optional[int] = None
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    plugins: list[str] = field(default_factory=list)  # module paths or .py files to import
+    seed: int = 0
+
+
+# ----------------------------------------------------------------------------- conversion
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _convert(a, value, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of {tp}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        _check(value in choices, where, f"{value!r} is not one of {list(choices)}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        _check(isinstance(value, dict), where, f"expected a mapping, got {type(value).__name__} {value!r}")
+        return from_dict(tp, value, where)
+    if origin is list:
+        _check(isinstance(value, (list, tuple)), where, f"expected a list, got {type(value).__name__} {value!r}")
+        (item,) = typing.get_args(tp)
+        return [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _check(isinstance(value, dict), where, f"expected a mapping, got {type(value).__name__} {value!r}")
+        return dict(value)
+    if tp is bool:
+        _check(isinstance(value, bool), where, f"expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), where, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        _check(ok, where, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        _check(isinstance(value, str), where, f"expected a string, got {type(value).__name__} {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported schema type {_type_name(tp)}")
+
+
+def from_dict(cls: type, data: dict, where: str = "") -> Any:
+    """Build dataclass `cls` from a plain dict, rejecting unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            scope = f"under {where!r}" if where else "at the top level"
+            raise ConfigError(f"unknown key {path!r}{hint}; valid keys {scope}: {', '.join(names)}")
+        kwargs[key] = _convert(hints[key], value, path)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except TypeError as e:
+        raise ConfigError(f"{where or 'config'}: {e}") from e
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def compose(overrides: list[str] | None = None, config_name: str = "config") -> dict:
+    """Compose the Hydra tree with `overrides` and return a resolved plain dict (not yet validated)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = list(overrides or [])
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            cfg = hydra_compose(config_name=config_name, overrides=overrides)
+            out = OmegaConf.to_container(cfg, resolve=True)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(_explain_hydra_error(str(e), overrides)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    out.pop("hydra", None)
+    return out
+
+
+def _explain_hydra_error(message: str, overrides: list[str]) -> str:
+    """Turn Hydra's 'key not in struct' errors into one naming the key and the valid choices."""
+    top = [f.name for f in dataclasses.fields(Config)]
+    for ov in overrides:
+        key = ov.lstrip("+~").split("=", 1)[0]
+        head = key.split(".", 1)[0]
+        if key and f"'{key}'" in message or f"'{head}'" in message:
+            if head not in top:
+                close = difflib.get_close_matches(head, top, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                return f"unknown key {head!r} in override {ov!r}{hint}; valid top-level keys: {', '.join(top)}"
+            sub = _section_fields(head, key)
+            if sub is not None:
+                return f"unknown key {key!r} in override {ov!r}; valid keys under {key.rsplit('.', 1)[0]!r}: {', '.join(sub)}"
+    return message.strip()
+
+
+def _section_fields(head: str, key: str) -> Optional[list[str]]:
+    cls: Any = Config
+    parts = key.split(".")[:-1]
+    for p in parts:
+        hints = typing.get_type_hints(cls)
+        if p not in hints or not dataclasses.is_dataclass(hints[p]):
+            return None
+        cls = hints[p]
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def load_config(overrides: list[str] | None = None) -> Config:
+    """Compose, resolve and validate the configuration. Raises ConfigError with a precise message."""
+    return from_dict(Config, compose(overrides))

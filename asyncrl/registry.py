@@ -1,0 +1,183 @@
+"""The plugin registry: agent loops, tools, tool parsers, interactions, envs and rewards.
+
+Three ways in, all ending in `register`:
+  1. the `@register(kind, name)` decorator, run when the defining module is imported;
+  2. the `asyncrl.plugins` entry-point group of any installed distribution: each entry point
+     names a module (or `module:attr`) that is imported, so its decorators run. asyncrl's own
+     built-ins (`asyncrl.agents`, `asyncrl.tools`, `asyncrl.envs`) come in this way too;
+  3. `plugins: [a.module.path, ./file.py]` in the config.
+The core never imports a plugin by name. A duplicate or unknown name is an error listing what is
+registered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+KINDS = ("agent", "tool", "tool_parser", "interaction", "env", "reward")
+ENTRY_POINT_GROUP = "asyncrl.plugins"
+
+
+class PluginError(LookupError):
+    """An unknown or duplicate plugin name, or a plugin source that cannot be loaded."""
+
+
+@dataclass(frozen=True)
+class Plugin:
+    kind: str
+    name: str
+    obj: Any
+    origin: str  # "entry point <dist>:<name>", "config <path>", or "module <name>"
+
+
+_registry: dict[str, dict[str, Plugin]] = {k: {} for k in KINDS}
+_origin_stack: list[str] = []
+_entry_points_loaded = False
+_loaded_sources: set[str] = set()
+
+
+@contextlib.contextmanager
+def _origin(label: str) -> Iterator[None]:
+    _origin_stack.append(label)
+    try:
+        yield
+    finally:
+        _origin_stack.pop()
+
+
+def register(kind: str, name: str | None = None) -> Callable[[Any], Any]:
+    """Decorator: `@register("tool", "calculator")` registers the class or function under that name."""
+    if kind not in KINDS:
+        raise PluginError(f"unknown plugin kind {kind!r}; kinds: {', '.join(KINDS)}")
+
+    def deco(obj: Any) -> Any:
+        add(kind, name or getattr(obj, "name", None) or obj.__name__, obj)
+        return obj
+
+    return deco
+
+
+def add(kind: str, name: str, obj: Any) -> None:
+    """Register `obj` as plugin `name` of `kind` (the decorator's non-decorator form)."""
+    if kind not in KINDS:
+        raise PluginError(f"unknown plugin kind {kind!r}; kinds: {', '.join(KINDS)}")
+    origin = _origin_stack[-1] if _origin_stack else f"module {getattr(obj, '__module__', '?')}"
+    existing = _registry[kind].get(name)
+    if existing is not None:
+        if existing.obj is obj:
+            return  # the same object imported twice (e.g. module re-import): harmless
+        raise PluginError(
+            f"duplicate {kind} plugin {name!r}: already registered from {existing.origin}, "
+            f"again from {origin}"
+        )
+    _registry[kind][name] = Plugin(kind, name, obj, origin)
+
+
+def unregister(kind: str, name: str) -> None:
+    _registry[kind].pop(name, None)
+
+
+def load_entry_points() -> None:
+    """Import every module named in the `asyncrl.plugins` entry-point group (once per process)."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist.name if ep.dist is not None else "?"
+        with _origin(f"entry point {dist}:{ep.name}"):
+            try:
+                ep.load()
+            except Exception as e:  # a broken third-party plugin names itself, never hides
+                raise PluginError(f"plugin entry point {ep.name} = {ep.value!r} of {dist} failed: {e}") from e
+
+
+def load_source(source: str, base_dir: str | Path | None = None) -> None:
+    """Import a plugin module by dotted path, or a `.py` file by path (relative to `base_dir`)."""
+    if source in _loaded_sources:
+        return
+    if source.endswith(".py") or "/" in source:
+        path = Path(source).expanduser()
+        if not path.is_absolute() and base_dir is not None:
+            path = Path(base_dir) / path
+        if not path.is_file():
+            raise PluginError(f"plugin file {source!r} not found (looked at {path.resolve()})")
+        mod_name = f"asyncrl_user_plugin_{abs(hash(str(path.resolve())))}"
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        with _origin(f"config {path}"):
+            spec.loader.exec_module(module)
+    else:
+        with _origin(f"config {source}"):
+            try:
+                importlib.import_module(source)
+            except ModuleNotFoundError as e:
+                raise PluginError(f"plugin module {source!r} cannot be imported: {e}") from e
+    _loaded_sources.add(source)
+
+
+def load_all(sources: list[str] | tuple[str, ...] = (), base_dir: str | Path | None = None) -> None:
+    """Entry points, then the config's `plugins:` list."""
+    load_entry_points()
+    for s in sources:
+        load_source(s, base_dir)
+
+
+def resolve_object(spec: str) -> Any:
+    """`module.path:Attr` or `path/file.py:Attr` to the object (used by verl-style `class_name`)."""
+    target, _, attr = spec.rpartition(":") if ":" in spec else spec.rpartition(".")
+    if not target or not attr:
+        raise PluginError(f"cannot resolve {spec!r}: expected 'module.path:Name' or 'file.py:Name'")
+    if target.endswith(".py"):
+        path = Path(target).expanduser().resolve()
+        if not path.is_file():
+            raise PluginError(f"file {target!r} in {spec!r} not found")
+        mod_name = f"asyncrl_user_plugin_{abs(hash(str(path)))}"
+        module = sys.modules.get(mod_name)
+        if module is None:
+            s = importlib.util.spec_from_file_location(mod_name, path)
+            assert s is not None and s.loader is not None
+            module = importlib.util.module_from_spec(s)
+            sys.modules[mod_name] = module
+            with _origin(f"file {path}"):
+                s.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ModuleNotFoundError as e:
+            raise PluginError(f"cannot import {target!r} for {spec!r}: {e}") from e
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise PluginError(f"{target!r} has no attribute {attr!r} (from {spec!r})") from None
+
+
+def get(kind: str, name: str) -> Any:
+    """The registered object; an unknown name lists what is registered for that kind."""
+    if kind not in KINDS:
+        raise PluginError(f"unknown plugin kind {kind!r}; kinds: {', '.join(KINDS)}")
+    load_entry_points()
+    plugin = _registry[kind].get(name)
+    if plugin is None:
+        known = ", ".join(sorted(_registry[kind])) or "(none)"
+        raise PluginError(f"unknown {kind} {name!r}; registered {kind}s: {known}")
+    return plugin.obj
+
+
+def names(kind: str) -> list[str]:
+    load_entry_points()
+    return sorted(_registry[kind])
+
+
+def all_plugins() -> list[Plugin]:
+    load_entry_points()
+    return [p for kind in KINDS for _, p in sorted(_registry[kind].items())]

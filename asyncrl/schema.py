@@ -1,0 +1,161 @@
+"""The wire schema: trajectories, groups and batches as msgspec structs.
+
+Arrays travel as raw little-endian bytes with dtype and shape (`Array`), never as Python lists of
+floats, so encode-then-decode is bit-exact and cheap. All per-token arrays of a trajectory are
+aligned with `response_ids` (one entry per response token).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+
+_ALLOWED_DTYPES = {"int32", "int64", "uint8", "int8", "float32", "float16", "float64", "bool"}
+
+
+class SchemaError(ValueError):
+    """A frame or struct that violates the schema (bad dtype, shape/size mismatch, misaligned arrays)."""
+
+
+class Array(msgspec.Struct, frozen=True):
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+    @classmethod
+    def from_numpy(cls, a: np.ndarray) -> "Array":
+        a = np.ascontiguousarray(a)
+        if a.dtype.name not in _ALLOWED_DTYPES:
+            raise SchemaError(f"array dtype {a.dtype.name!r} not allowed; allowed: {sorted(_ALLOWED_DTYPES)}")
+        return cls(a.dtype.name, tuple(a.shape), a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
+
+    @classmethod
+    def of(cls, values: Any, dtype: str) -> "Array":
+        return cls.from_numpy(np.asarray(values, dtype=dtype))
+
+    def numpy(self) -> np.ndarray:
+        if self.dtype not in _ALLOWED_DTYPES:
+            raise SchemaError(f"array dtype {self.dtype!r} not allowed; allowed: {sorted(_ALLOWED_DTYPES)}")
+        dt = np.dtype(self.dtype).newbyteorder("<")
+        n = int(np.prod(self.shape)) if self.shape else 1
+        if n * dt.itemsize != len(self.data):
+            raise SchemaError(f"array of shape {self.shape} {self.dtype} needs {n * dt.itemsize} bytes, got {len(self.data)}")
+        return np.frombuffer(self.data, dtype=dt).reshape(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0] if self.shape else 1
+
+
+class Trajectory(msgspec.Struct, kw_only=True):
+    """One finished episode: the unit that flows from a rollout worker through the buffer to the learner."""
+
+    uid: str  # unique per episode; the buffer stores a uid once
+    group_id: str  # shared by the n samples of one prompt
+    group_size: int  # n_samples the group was started with
+    env: str
+    agent: str
+    prompt_ids: Array  # int32 [P]
+    response_ids: Array  # int32 [R]: generated tokens and inserted (tool, user, scaffolding) tokens
+    loss_mask: Array  # uint8 [R]: 1 exactly on tokens the policy generated
+    behavior_logprobs: Array  # float32 [R]: engine logprob of each generated token, 0 elsewhere
+    versions: Array  # int32 [R]: policy version that generated each token, -1 on inserted tokens
+    reward: float
+    turn_rewards: list[float] = []
+    num_turns: int = 0
+    finish_reason: str = "stop"  # stop | length | abort | max_turns | invalid_calls | error
+    metrics: dict[str, float] = {}
+    messages: list[dict[str, Any]] = []  # readable conversation for the viewer
+    data_index: int = -1  # position of the prompt in the dataset (resume bookkeeping)
+    sample_index: int = 0  # index within the group
+
+    def validate(self) -> "Trajectory":
+        """Check alignment of the per-token arrays; raise SchemaError naming the field."""
+        r = len(self.response_ids)
+        for name in ("loss_mask", "behavior_logprobs", "versions"):
+            n = len(getattr(self, name))
+            if n != r:
+                raise SchemaError(f"trajectory {self.uid}: {name} has {n} entries, response_ids has {r}")
+        for name, dtype in (("prompt_ids", "int32"), ("response_ids", "int32"), ("loss_mask", "uint8"),
+                            ("behavior_logprobs", "float32"), ("versions", "int32")):
+            if getattr(self, name).dtype != dtype:
+                raise SchemaError(f"trajectory {self.uid}: {name} must be {dtype}, got {getattr(self, name).dtype}")
+        return self
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    def min_version(self) -> int:
+        """Oldest policy version among generated tokens (the staleness of the trajectory)."""
+        v = self.versions.numpy()
+        m = self.loss_mask.numpy().astype(bool)
+        return int(v[m].min()) if m.any() else int(v.max(initial=0))
+
+
+class Group(msgspec.Struct, kw_only=True):
+    """The samples of one prompt. `trajectories` holds the members that arrived; its length is the
+    real group size used to normalize advantages (failed or filtered members are not padded in)."""
+
+    group_id: str
+    trajectories: list[Trajectory]
+    expected: int
+    failed: int = 0
+
+
+class Batch(msgspec.Struct, kw_only=True):
+    batch_id: int
+    groups: list[Group]
+
+    def trajectories(self) -> list[Trajectory]:
+        return [t for g in self.groups for t in g.trajectories]
+
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode(obj: Any) -> bytes:
+    return _encoder.encode(obj)
+
+
+def decode(data: bytes, type: Any = Trajectory) -> Any:
+    try:
+        return msgspec.msgpack.decode(data, type=type)
+    except msgspec.DecodeError as e:
+        raise SchemaError(f"cannot decode {getattr(type, '__name__', type)}: {e}") from e
+
+
+def make_trajectory(
+    *,
+    uid: str,
+    group_id: str,
+    prompt_ids: list[int],
+    response_ids: list[int],
+    loss_mask: list[int],
+    behavior_logprobs: list[float],
+    versions: list[int],
+    reward: float,
+    group_size: int = 1,
+    env: str = "",
+    agent: str = "",
+    **extra: Any,
+) -> Trajectory:
+    """Build a validated Trajectory from Python lists (the agent loops' accumulation format)."""
+    return Trajectory(
+        uid=uid,
+        group_id=group_id,
+        group_size=group_size,
+        env=env,
+        agent=agent,
+        prompt_ids=Array.of(prompt_ids, "int32"),
+        response_ids=Array.of(response_ids, "int32"),
+        loss_mask=Array.of(loss_mask, "uint8"),
+        behavior_logprobs=Array.of(behavior_logprobs, "float32"),
+        versions=Array.of(versions, "int32"),
+        reward=float(reward),
+        **extra,
+    ).validate()
+
+
+__all__ = ["Array", "Trajectory", "Group", "Batch", "SchemaError", "encode", "decode", "make_trajectory"]

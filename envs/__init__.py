@@ -1,0 +1,1 @@
+"""Built-in envs, registered through the asyncrl.plugins entry point."""

@@ -1,0 +1,1 @@
+"""Built-in tools, registered through the asyncrl.plugins entry point."""
