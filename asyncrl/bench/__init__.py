@@ -1,0 +1,39 @@
+"""`asyncrl bench NAME`: each benchmark is a module asyncrl/bench/NAME.py with `add_arguments(parser)`
+and `run(args) -> dict`. The dict is printed as one JSON line; it always holds a ratio against a
+baseline measured in the same run, because absolute times on shared machines drift."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pkgutil
+import sys
+
+RAW_ARGS = True
+
+
+def available() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def main(args: argparse.Namespace) -> int:
+    argv = list(args.argv)
+    names = available()
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"usage: asyncrl bench {{{','.join(names)}}} [options]")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in names:
+        print(f"asyncrl bench: unknown benchmark {name!r}; available: {', '.join(names)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(f"{__name__}.{name}")
+    parser = argparse.ArgumentParser(prog=f"asyncrl bench {name}", description=module.__doc__)
+    module.add_arguments(parser)
+    result = module.run(parser.parse_args(rest))
+    print(json.dumps({"bench": name, **result}), flush=True)
+    return 0
