@@ -1,0 +1,87 @@
+"""`asyncrl train`: wire buffer, engines, rollout workers and learner together, then watch versions.
+
+The controller does no heavy work. Per step: the learner's rank 0 takes a batch from the buffer,
+all ranks train on it, the new weights go to the engines, and the version moves to the buffer
+and the rollout workers (which admit new prompts by it). Between waits it checks that every
+rollout worker and engine is alive and restarts the ones that are not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+
+import ray
+
+from asyncrl import registry
+from asyncrl.config import Config, to_dict
+from asyncrl.metrics import MetricsLogger
+from asyncrl.fleet import Fleet, latest_checkpoint, load_rows, prune_checkpoints
+
+log = logging.getLogger("asyncrl")
+
+
+def run(cfg: Config) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    out = Path(cfg.trainer.output_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    if cfg.trainer.mode == "sync":  # the synchronous baseline: same components, staleness 0
+        cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, max_staleness=0))
+    registry.load_all(cfg.plugins)
+    from asyncrl.env_api import resolve_env
+
+    env = resolve_env(cfg.env.name)
+    rows = load_rows(cfg, env, "train")
+    log.info("output dir %s; %d training prompts; mode %s, max_staleness %d", out, len(rows),
+             cfg.trainer.mode, cfg.algorithm.max_staleness)
+    ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, include_dashboard=False,
+             ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING)
+    metrics = MetricsLogger(out, wandb_mode=cfg.trainer.wandb, project=cfg.trainer.wandb_project,
+                            config=to_dict(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps)
+    fleet = Fleet(cfg, out, rows)
+    try:
+        with env.services(cfg.env) as tool_overrides:
+            fleet.start(tool_overrides, resume_from=latest_checkpoint(out) if cfg.trainer.resume == "auto" else None)
+            train_loop(cfg, fleet, metrics, out)
+        return 0
+    except KeyboardInterrupt:
+        log.warning("interrupted: shutting down%s", " after a checkpoint" if cfg.trainer.checkpoint_every else "")
+        if cfg.trainer.checkpoint_every and fleet.step > fleet.last_checkpoint_step:
+            fleet.checkpoint(out / "checkpoints")
+        return 130
+    finally:
+        fleet.shutdown()
+        metrics.close()
+        ray.shutdown()
+
+
+def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path) -> None:
+    ckpt_dir = out / "checkpoints"
+    with open(out / "trained_uids.jsonl", "a") as uids_file:
+        while fleet.step < cfg.trainer.total_steps:
+            t0 = time.perf_counter()
+            batch, waited = fleet.next_batch()  # restarts dead workers/engines while it waits
+            stats = fleet.train(batch)
+            uids_file.write(json.dumps({"step": fleet.step, "uids": stats.pop("_uids")}) + "\n")
+            uids_file.flush()
+            stats.update(fleet.sync_weights())
+            stats.update(fleet.rollout_metrics(), **{"learner/idle_fraction": waited / (time.perf_counter() - t0),
+                                                     "step_seconds": time.perf_counter() - t0,
+                                                     "version": fleet.version})
+            metrics.log(fleet.step, stats)
+            if cfg.trainer.eval_every and fleet.step % cfg.trainer.eval_every == 0:
+                fleet.start_eval()
+            for step, ev in fleet.finished_evals():
+                metrics.log(step, ev)
+            if cfg.trainer.checkpoint_every and fleet.step % cfg.trainer.checkpoint_every == 0:
+                fleet.checkpoint(ckpt_dir)
+                prune_checkpoints(ckpt_dir, cfg.trainer.keep_checkpoints)
+    if fleet.step > fleet.last_checkpoint_step:
+        fleet.checkpoint(ckpt_dir)
+    for step, ev in fleet.finished_evals(wait=True):
+        metrics.log(step, ev)
+    fleet.export(out / "final")

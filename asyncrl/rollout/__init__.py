@@ -1,0 +1,1 @@
+"""The rollout side: prompt sources, staleness admission control and the rollout worker."""

@@ -1,0 +1,68 @@
+"""Evaluation on the validation set while training goes on: pass@k and mean reward.
+
+Runs the same agent loops against the same engines (so it sees the weights of the moment), but
+its trajectories go nowhere near the buffer. pass@k is the fraction of prompts for which at least
+one of k samples earns a reward >= `success_threshold`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import ray
+
+from asyncrl.config import Config
+from asyncrl.env_api import Sample
+
+
+def pass_at_k(rewards_by_prompt: list[list[float]], threshold: float = 1.0) -> float:
+    if not rewards_by_prompt:
+        return 0.0
+    return sum(any(r >= threshold for r in rs) for rs in rewards_by_prompt) / len(rewards_by_prompt)
+
+
+async def evaluate_rows(ctx: Any, rows: list[dict[str, Any]], k: int, agent: str, concurrency: int = 16,
+                        tag: str = "eval") -> dict[str, float]:
+    from asyncrl.agents.base import run_episode
+
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int, row: dict, s: int) -> float:
+        sample = Sample.from_row(row, data_index=i, group_id=f"{tag}-{i}", sample_index=s, group_size=k)
+        async with sem:
+            try:
+                return (await run_episode(sample, ctx, agent)).reward
+            except Exception:
+                return 0.0
+
+    rewards = await asyncio.gather(*(asyncio.gather(*(one(i, row, s) for s in range(k))) for i, row in enumerate(rows)))
+    flat = [r for rs in rewards for r in rs]
+    return {f"eval/pass@{k}": pass_at_k([list(rs) for rs in rewards]),
+            "eval/reward_mean": sum(flat) / max(len(flat), 1), "eval/num_prompts": len(rows)}
+
+
+@ray.remote
+class EvalActor:
+    def __init__(self, cfg: Config, engine_urls: list[str], tool_overrides: dict, rows: list[dict[str, Any]]):
+        self.cfg, self.urls, self.overrides, self.rows = cfg, engine_urls, tool_overrides, rows
+        self.ctx = None
+
+    async def evaluate(self, version: int) -> dict[str, float]:
+        if self.ctx is None:
+            from asyncrl import registry
+            from asyncrl.agents.base import AgentContext
+            from asyncrl.engine.client import EngineClient
+            from asyncrl.env_api import resolve_reward_fn
+            from asyncrl.models import load_tokenizer
+            from asyncrl.tools.loader import load_tool_specs
+
+            registry.load_all(self.cfg.plugins)
+            self.ctx = AgentContext(
+                engine=EngineClient(self.urls), tokenizer=load_tokenizer(self.cfg.model), cfg=self.cfg.agent,
+                tool_specs=load_tool_specs(self.cfg.env.tools, self.cfg.env.tools_config),
+                reward_fn=resolve_reward_fn(self.cfg.env), env_name=self.cfg.env.name,
+                tool_overrides=dict(self.overrides),
+            )
+        out = await evaluate_rows(self.ctx, self.rows, self.cfg.trainer.eval_pass_k, self.cfg.agent.name)
+        return {**out, "eval/version": version}
