@@ -1,0 +1,208 @@
+"""Start (or attach to) engine servers and wait until they answer /health.
+
+`launch_embedded(...)` spawns `python -m asyncrl.engine.cli serve ...`; with port 0 the server
+picks a free port and writes it to a port file that the launcher reads. `launch_sglang(...)`
+spawns `python -m sglang.launch_server ...` on a given (or free) port. Both return an
+`EngineProcess` with `.url`, `.pid`, `.alive()`, `.stop()` (SIGTERM, then SIGKILL after a grace
+period; the port is free once it returns). `attach(urls)` wraps running servers (stop is a no-op).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import httpx
+
+
+class EngineLaunchError(RuntimeError):
+    """The engine process exited or did not become healthy; the message carries its log tail."""
+
+
+class EngineProcess:
+    def __init__(self, url: str, proc: Optional[subprocess.Popen], log_path: Optional[str] = None):
+        self.url = url
+        self.proc = proc
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.proc.pid if self.proc is not None else None
+
+    def alive(self) -> bool:
+        if self.proc is None:
+            return _healthy(self.url, timeout=2.0)
+        return self.proc.poll() is None
+
+    def log_tail(self, n: int = 40) -> str:
+        if not self.log_path or not os.path.exists(self.log_path):
+            return ""
+        return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Terminate the process group, kill it after `grace_s`; returns when it has exited."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=30)
+
+    def __enter__(self) -> "EngineProcess":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"EngineProcess(url={self.url!r}, pid={self.pid})"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _healthy(url: str, timeout: float = 5.0) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _spawn(cmd: list[str], log_path: str, extra_env: Optional[dict] = None) -> subprocess.Popen:
+    env = dict(os.environ)
+    env.update(extra_env or {})
+    log = open(log_path, "ab")
+    try:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    finally:
+        log.close()
+
+
+def _wait(proc: subprocess.Popen, url_of: Any, timeout_s: float, what: str, log_path: str) -> str:
+    """Poll until `url_of()` gives a URL that answers /health; fail if the process exits first."""
+    deadline = time.monotonic() + timeout_s
+    ep = EngineProcess("", proc, log_path)
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise EngineLaunchError(f"{what} exited with code {proc.returncode} before it was healthy; "
+                                    f"log {log_path}:\n{ep.log_tail()}")
+        url = url_of()
+        if url and _healthy(url, timeout=5.0):
+            return url
+        time.sleep(0.2)
+    ep.stop()
+    raise EngineLaunchError(f"{what} was not healthy after {timeout_s:.0f}s; log {log_path}:\n{ep.log_tail()}")
+
+
+def launch_embedded(
+    model_dir: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+    max_running_seqs: int = 16,
+    max_running_tokens: int = 16384,
+    weight_version: int = 0,
+    threads: Optional[int] = None,
+    extra_env: Optional[dict] = None,
+    startup_timeout_s: float = 300.0,
+    log_dir: Optional[str] = None,
+) -> EngineProcess:
+    """Start the embedded engine server as a subprocess and wait for /health."""
+    if not (Path(model_dir) / "config.json").is_file():
+        raise EngineLaunchError(f"model_dir={str(model_dir)!r} is not a Hugging Face checkpoint (no config.json)")
+    work = Path(tempfile.mkdtemp(prefix="asyncrl-engine-", dir=log_dir))
+    port_file, log_path = work / "port", str(work / "server.log")
+    cmd = [sys.executable, "-m", "asyncrl.engine.cli", "serve", "--model-path", str(model_dir), "--host", host,
+           "--port", str(port), "--port-file", str(port_file), "--device", device, "--dtype", dtype,
+           "--max-running-seqs", str(max_running_seqs), "--max-running-tokens", str(max_running_tokens),
+           "--weight-version", str(weight_version)]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    proc = _spawn(cmd, log_path, extra_env)
+
+    def url_of() -> Optional[str]:
+        if port_file.is_file():
+            return f"http://{host}:{int(port_file.read_text())}"
+        return None
+
+    url = _wait(proc, url_of, startup_timeout_s, f"embedded engine (pid {proc.pid})", log_path)
+    return EngineProcess(url, proc, log_path)
+
+
+def sglang_command(model_dir: str | Path, host: str, port: int, *, dtype: str = "auto", mem_fraction_static: float = 0.4,
+                   weight_version: int = 0, extra_args: Sequence[str] = ()) -> list[str]:
+    """The `python -m sglang.launch_server` command line (flags as in SGLang's server_args)."""
+    return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir), "--host", host,
+            "--port", str(port), "--dtype", dtype, "--mem-fraction-static", str(mem_fraction_static),
+            "--weight-version", str(weight_version), "--skip-server-warmup", *extra_args]
+
+
+def launch_sglang(
+    model_dir: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    cfg: Any = None,
+    dtype: str = "auto",
+    mem_fraction_static: float = 0.4,
+    weight_version: int = 0,
+    extra_args: Sequence[str] = (),
+    extra_env: Optional[dict] = None,
+    startup_timeout_s: float = 600.0,
+    log_dir: Optional[str] = None,
+) -> EngineProcess:
+    """Start a real SGLang server (GPU) and wait for /health. `cfg` (an EngineConfig) overrides
+    dtype, mem_fraction_static, extra_args and the startup timeout."""
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:
+        raise EngineLaunchError("engine.type=sglang needs the 'sglang' package (pip install 'sglang[all]'); "
+                                "it is not installed in this Python")
+    if cfg is not None:
+        dtype = cfg.dtype
+        mem_fraction_static = cfg.mem_fraction_static
+        extra_args = list(cfg.extra_args)
+        startup_timeout_s = cfg.launch_timeout_s
+    port = port or free_port(host)
+    work = Path(tempfile.mkdtemp(prefix="asyncrl-sglang-", dir=log_dir))
+    log_path = str(work / "server.log")
+    cmd = sglang_command(model_dir, host, port, dtype=dtype, mem_fraction_static=mem_fraction_static,
+                         weight_version=weight_version, extra_args=extra_args)
+    proc = _spawn(cmd, log_path, extra_env)
+    url = f"http://{host}:{port}"
+    _wait(proc, lambda: url, startup_timeout_s, f"sglang server (pid {proc.pid})", log_path)
+    return EngineProcess(url, proc, log_path)
+
+
+def attach(urls: Sequence[str], timeout_s: float = 60.0) -> list[EngineProcess]:
+    """Wrap already running servers; fails if one does not answer /health within `timeout_s`."""
+    out = []
+    for url in urls:
+        url = url.rstrip("/")
+        deadline = time.monotonic() + timeout_s
+        while not _healthy(url):
+            if time.monotonic() > deadline:
+                raise EngineLaunchError(f"engine at {url} did not answer /health within {timeout_s:.0f}s")
+            time.sleep(0.5)
+        out.append(EngineProcess(url, None))
+    return out

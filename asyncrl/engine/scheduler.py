@@ -1,0 +1,308 @@
+"""EngineCore: owns the model, the request queue and the continuous-batching decode loop.
+
+One asyncio task runs the loop. Each iteration, under `self.lock`:
+  1. admit waiting requests (FIFO) while running < max_running_seqs and the running tokens
+     (prompt + generated) stay <= max_running_tokens, at most `prefill_tokens_per_step` prompt
+     tokens per iteration (the first admission is always allowed);
+  2. prefill each admitted request in its own forward (logits of the last position only), draw
+     its first token, and merge its KV cache into the running batch (`KVBatch.merge`);
+  3. one decode forward for all running rows together (left-padded cache, 2-D mask, per-row
+     positions), draw one token per row;
+  4. finished rows (stop token, max_new_tokens, context limit, abort) leave the batch and their
+     replies are sent; the others continue. Nobody waits for the longest sequence.
+Forwards run in a worker thread (`asyncio.to_thread`) so the HTTP server stays responsive.
+`apply_weights` takes the same lock, so it never overlaps a forward.
+
+Versions: every drawn token records `weight_version` at the step that produced it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import Any, Iterable, Optional
+
+import torch
+
+from asyncrl.engine.kvbatch import KVBatch
+from asyncrl.engine.protocol import BadRequest, GenRequest, build_reply
+from asyncrl.engine.sampling import sample_row, token_logprobs
+
+log = logging.getLogger(__name__)
+
+PAUSE_MODES = ("abort", "in_place", "retract")  # retract (SGLang) is treated as in_place
+
+
+class EngineCore:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        tokenizer: Any = None,
+        weight_version: int = 0,
+        max_running_seqs: int = 16,
+        max_running_tokens: int = 16384,
+        prefill_tokens_per_step: int = 2048,
+    ):
+        if max_running_seqs < 1:
+            raise ValueError(f"max_running_seqs must be >= 1, got {max_running_seqs}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.weight_version = int(weight_version)
+        self.max_running_seqs = max_running_seqs
+        self.max_running_tokens = max_running_tokens
+        self.prefill_tokens_per_step = prefill_tokens_per_step
+        cfg = model.config
+        self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        self.max_context = int(getattr(cfg, "max_position_embeddings", 1 << 30))
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        if eos is None:
+            eos = getattr(cfg, "eos_token_id", None)
+        self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        self.device = next(model.parameters()).device
+        self.lock = asyncio.Lock()
+        self.waiting: collections.deque[GenRequest] = collections.deque()
+        self.running: list[GenRequest] = []
+        self.batch: Optional[KVBatch] = None
+        self.live: dict[str, GenRequest] = {}
+        self.done: collections.OrderedDict[str, tuple[tuple, dict]] = collections.OrderedDict()
+        self.paused = False
+        self._wake = asyncio.Event()
+        self._task: Optional[asyncio.Task] = None
+        self.tokens_out = 0
+        self.steps = 0
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    # ---- requests --------------------------------------------------------------------------
+    async def generate(self, req: GenRequest) -> dict:
+        """Queue `req` and wait for its reply. A live or recently finished request with the same rid
+        and input_ids (a client retry) gets that request's reply instead of a second generation."""
+        key = (tuple(req.input_ids), req.max_new_tokens, req.seed)
+        if req.rid in self.live:
+            other = self.live[req.rid]
+            if other.input_ids != req.input_ids:
+                raise BadRequest(f"rid {req.rid!r} is already running with different input_ids")
+            return await asyncio.shield(other.future)
+        if req.rid in self.done and self.done[req.rid][0] == key:
+            return self.done[req.rid][1]
+        if len(req.input_ids) >= self.max_context:
+            raise BadRequest(f"input_ids has {len(req.input_ids)} tokens; the model's context is {self.max_context}")
+        if len(req.input_ids) > self.max_running_tokens:
+            raise BadRequest(
+                f"input_ids has {len(req.input_ids)} tokens, more than max_running_tokens={self.max_running_tokens}"
+            )
+        req.future = asyncio.get_running_loop().create_future()
+        req.generator = torch.Generator(device="cpu")
+        if req.seed is not None:
+            req.generator.manual_seed(req.seed)
+        else:
+            req.generator.seed()
+        self.live[req.rid] = req
+        if req.max_new_tokens == 0:
+            req.finish = {"type": "length", "length": 0}
+            self._resolve(req)
+        else:
+            self.waiting.append(req)
+            self._wake.set()
+        reply = await asyncio.shield(req.future)
+        self.done[req.rid] = (key, reply)
+        while len(self.done) > 1024:
+            self.done.popitem(last=False)
+        return reply
+
+    async def abort(self, rid: Optional[str] = None, abort_all: bool = False) -> int:
+        """Finish request `rid` (or all) with finish_reason abort and its partial output; returns how many."""
+        n = 0
+        for r in list(self.waiting):
+            if abort_all or r.rid == rid:
+                self.waiting.remove(r)
+                r.finish = {"type": "abort", "message": "aborted by request"}
+                self._resolve(r)
+                n += 1
+        for r in self.running:
+            if abort_all or r.rid == rid:
+                r.abort_requested = True
+                n += 1
+        if n and self.running:
+            if self.paused:  # no step will run to reap them: do it now
+                async with self.lock:
+                    self._reap()
+            self._wake.set()
+        return n
+
+    # ---- control (the weight-sync router drives these) ---------------------------------------
+    async def pause(self, mode: str) -> None:
+        """in_place: stop scheduling steps, keep KV caches and the queue. abort: finish every running
+        and queued request now with finish_reason abort and its partial output. Returns once no
+        forward is in progress."""
+        if mode not in PAUSE_MODES:
+            raise BadRequest(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        self.paused = True
+        async with self.lock:
+            if mode == "abort":
+                for r in list(self.waiting) + self.running:
+                    r.finish = {"type": "abort", "message": "engine paused with mode=abort"}
+                    self._resolve(r)
+                self.waiting.clear()
+                self.running, self.batch = [], None
+
+    async def resume(self) -> None:
+        self.paused = False
+        self._wake.set()
+
+    async def apply_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: Optional[int]) -> None:
+        """Copy tensors into the live parameters in place (names of model.state_dict()), then set
+        weight_version to `version` (or +1). Raises ValueError naming the tensor on an unknown name or
+        a shape mismatch (tensors before it stay copied). Holds the decode loop's lock."""
+        async with self.lock:
+            await asyncio.to_thread(self._copy_weights, named_tensors)
+            self.weight_version = int(version) if version is not None else self.weight_version + 1
+
+    def _copy_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        targets = self.model.state_dict()
+        n = 0
+        with torch.no_grad():
+            for name, t in named_tensors:
+                if name not in targets:
+                    raise ValueError(f"weight {name!r} is not a parameter of the served model "
+                                     f"(e.g. {list(targets)[:3]})")
+                dst = targets[name]
+                if tuple(dst.shape) != tuple(t.shape):
+                    raise ValueError(f"weight {name!r} has shape {tuple(t.shape)}, the model's is {tuple(dst.shape)}")
+                dst.copy_(t.to(device=dst.device, dtype=dst.dtype))
+                n += 1
+        return n
+
+    def stats(self) -> dict:
+        return {"running": len(self.running), "waiting": len(self.waiting), "paused": self.paused,
+                "weight_version": self.weight_version, "tokens_out": self.tokens_out, "steps": self.steps}
+
+    # ---- the loop ----------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            if self.paused or (not self.waiting and not self.running):
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                async with self.lock:
+                    if self.paused:
+                        continue
+                    self._reap()
+                    for req in self._admit():
+                        await asyncio.to_thread(self._prefill, req)
+                        if req.finished:
+                            self._resolve(req)
+                    if self.running:
+                        await asyncio.to_thread(self._decode)
+                        self._reap()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a forward failed: fail the running requests loudly, keep serving
+                log.exception("engine step failed")
+                for r in self.running:
+                    if not r.future.done():
+                        r.future.set_exception(RuntimeError(f"engine step failed: {e!r}"))
+                    self.live.pop(r.rid, None)
+                self.running, self.batch = [], None
+            await asyncio.sleep(0)
+
+    def _admit(self) -> list[GenRequest]:
+        out: list[GenRequest] = []
+        tokens = sum(len(r.input_ids) + len(r.output_ids) for r in self.running)
+        budget = self.prefill_tokens_per_step
+        while self.waiting and len(self.running) + len(out) < self.max_running_seqs:
+            need = len(self.waiting[0].input_ids)
+            if (self.running or out) and (tokens + need > self.max_running_tokens or need > budget):
+                break
+            out.append(self.waiting.popleft())
+            tokens += need
+            budget -= need
+        return out
+
+    def _reap(self) -> None:
+        """Remove finished (or abort-requested) rows from the batch and send their replies."""
+        for r in self.running:
+            if r.abort_requested and not r.finished:
+                r.finish = {"type": "abort", "message": "aborted by request"}
+        if not any(r.finished for r in self.running):
+            return
+        keep = [i for i, r in enumerate(self.running) if not r.finished]
+        for r in self.running:
+            if r.finished:
+                self._resolve(r)
+        self.batch = self.batch.select(keep) if self.batch is not None else None
+        self.running = [self.running[i] for i in keep]
+
+    def _resolve(self, r: GenRequest) -> None:
+        self.live.pop(r.rid, None)
+        if r.future is not None and not r.future.done():
+            r.future.set_result(build_reply(r, self.weight_version, self._text(r.output_ids)))
+
+    def _text(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    @torch.inference_mode()
+    def _prefill(self, req: GenRequest) -> None:
+        ids = torch.tensor([req.input_ids], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        self._emit([req], out.logits[:, -1])
+        if not req.finished:
+            kv = KVBatch.from_cache(out.past_key_values)
+            self.batch = kv if self.batch is None else self.batch.merge(kv)
+            self.running.append(req)
+
+    @torch.inference_mode()
+    def _decode(self) -> None:
+        batch = self.batch
+        last = torch.tensor([[r.output_ids[-1]] for r in self.running], dtype=torch.long, device=self.device)
+        attn, pos, cache_pos = batch.step_inputs()
+        out = self.model(input_ids=last, attention_mask=attn, position_ids=pos, cache_position=cache_pos,
+                         past_key_values=batch.cache(), use_cache=True)
+        batch.appended()
+        self.steps += 1
+        self._emit(self.running, out.logits[:, -1])
+
+    def _emit(self, reqs: list[GenRequest], logits: torch.Tensor) -> None:
+        """Draw one token per row, record its logprob (sampling.token_logprobs), version and time,
+        and set finish_reason where a stop condition holds."""
+        logits = logits.float().cpu()
+        tokens = []
+        for r, row in zip(reqs, logits):
+            banned = ()
+            if len(r.output_ids) < r.min_new_tokens:
+                banned = tuple(t for t in (r.stop_token_ids | (frozenset() if r.ignore_eos else self.eos_ids))
+                               if 0 <= t < row.shape[-1])
+            tokens.append(sample_row(row, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                                     banned=banned, generator=r.generator))
+        temps = torch.tensor([r.temperature for r in reqs], dtype=torch.float32)
+        lps = token_logprobs(logits, torch.tensor(tokens), temps).tolist()
+        now = time.monotonic()
+        for r, t, lp in zip(reqs, tokens, lps):
+            r.output_ids.append(t)
+            r.logprobs.append(lp)
+            r.versions.append(self.weight_version)
+            r.times.append(now)
+            self.tokens_out += 1
+            n = len(r.output_ids)
+            if n >= r.min_new_tokens and (t in r.stop_token_ids or (not r.ignore_eos and t in self.eos_ids)):
+                r.finish = {"type": "stop", "matched": t}
+            elif n >= r.max_new_tokens or len(r.input_ids) + n >= self.max_context:
+                r.finish = {"type": "length", "length": n}

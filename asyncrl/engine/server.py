@@ -1,0 +1,198 @@
+"""The embedded engine's HTTP server: FastAPI over an `EngineCore`, speaking SGLang's API subset.
+
+Endpoints: POST /generate, /abort_request {rid | abort_all}, /pause_generation {mode: abort|in_place},
+/continue_generation, /update_weights_from_disk {model_path, weight_version?};
+GET /get_weight_version, /health, /health_generate, /get_model_info, /stats (asyncrl: queue sizes).
+The weight-sync router (asyncrl.weight_sync.routes.make_router(core)) is mounted when installed.
+Every bad request gets a 400 with {"error": message}; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from asyncrl.engine.protocol import BadRequest, parse_request
+from asyncrl.engine.scheduler import EngineCore
+
+log = logging.getLogger(__name__)
+
+
+async def _json(request: Request, required: bool = True) -> dict:
+    raw = await request.body()
+    if not raw.strip():
+        if required:
+            raise BadRequest("empty request body: a JSON object is required")
+        return {}
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadRequest(f"malformed JSON body: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def load_safetensors_dir(model_path: str) -> list[tuple[str, Any]]:
+    """All tensors of the *.safetensors files in a HF checkpoint directory (or one file)."""
+    from safetensors.torch import load_file
+
+    p = Path(model_path)
+    files = [p] if p.is_file() else sorted(p.glob("*.safetensors"))
+    if not files:
+        raise BadRequest(f"model_path={model_path!r}: no *.safetensors files there")
+    out: list[tuple[str, Any]] = []
+    for f in files:
+        out.extend(load_file(str(f)).items())
+    return out
+
+
+def create_app(core: EngineCore, model_path: str = "", on_ready: Optional[Any] = None) -> FastAPI:
+    """The app; `on_ready()` is called once the engine loop runs (the launcher learns the port then)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        core.start()
+        if on_ready is not None:
+            on_ready()
+        yield
+        await core.close()
+
+    app = FastAPI(title="asyncrl embedded engine", lifespan=lifespan)
+    app.state.core = core
+
+    @app.exception_handler(BadRequest)
+    async def _bad(request: Request, exc: BadRequest):
+        return JSONResponse({"error": str(exc)}, status_code=400)
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        req = parse_request(await _json(request), core.vocab_size)
+        return await core.generate(req)
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        body = await _json(request, required=False)
+        if not body.get("abort_all") and not body.get("rid"):
+            raise BadRequest("abort_request needs a rid or abort_all: true")
+        n = await core.abort(body.get("rid"), abort_all=bool(body.get("abort_all")))
+        return {"success": True, "aborted": n}
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request):
+        body = await _json(request, required=False)
+        await core.pause(str(body.get("mode", "abort")))
+        return {"success": True}
+
+    @app.post("/continue_generation")
+    async def continue_generation(request: Request):
+        await core.resume()
+        return {"success": True}
+
+    @app.get("/get_weight_version")
+    async def get_weight_version():
+        return {"weight_version": core.weight_version}
+
+    @app.get("/health")
+    @app.get("/health_generate")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/get_model_info")
+    async def get_model_info():
+        return {"model_path": model_path, "is_generation": True, "weight_version": core.weight_version}
+
+    @app.get("/stats")
+    async def stats():
+        return core.stats()
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request):
+        body = await _json(request)
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            raise BadRequest(f"update_weights_from_disk needs model_path, got {path!r}")
+        version = body.get("weight_version")
+        if version is not None:
+            try:
+                version = int(version)
+            except (TypeError, ValueError):
+                raise BadRequest(f"weight_version must be an integer, got {version!r}") from None
+        tensors = load_safetensors_dir(path)
+        try:
+            await core.apply_weights(tensors, version)
+        except ValueError as e:
+            raise BadRequest(f"{path}: {e}") from None
+        return {"success": True, "message": f"loaded {len(tensors)} tensors from {path}",
+                "weight_version": core.weight_version}
+
+    try:
+        from asyncrl.weight_sync.routes import make_router
+    except ModuleNotFoundError:
+        make_router = None
+    if make_router is not None:
+        app.include_router(make_router(core))
+    return app
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket; port 0 picks a free one (read it back with getsockname)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(
+    model_path: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+    max_running_seqs: int = 16,
+    max_running_tokens: int = 16384,
+    weight_version: int = 0,
+    port_file: Optional[str] = None,
+    threads: Optional[int] = None,
+) -> None:
+    """Load the model, bind, announce the port (port_file and a stdout line), serve until killed."""
+    import torch
+    import uvicorn
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from asyncrl.models import torch_dtype
+
+    if threads:
+        torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype, device)).to(device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    except (OSError, ValueError):
+        tokenizer = None
+    core = EngineCore(model, tokenizer=tokenizer, weight_version=weight_version,
+                      max_running_seqs=max_running_seqs, max_running_tokens=max_running_tokens)
+    sock = bind_socket(host, port)
+    chosen = sock.getsockname()[1]
+
+    def announce() -> None:  # the socket is already listening: connections wait in its backlog
+        if port_file:
+            tmp = f"{port_file}.tmp"
+            Path(tmp).write_text(str(chosen))
+            os.replace(tmp, port_file)
+        print(f"ASYNCRL_ENGINE_READY http://{host}:{chosen}", flush=True)
+
+    app = create_app(core, model_path, on_ready=announce)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=60))
+    server.run(sockets=[sock])
