@@ -1,0 +1,208 @@
+"""env `arithmetic` (the default): seeded multi-step arithmetic word problems, solved with the calculator.
+
+Answer format: the reply must end with a line `Answer: N` (N an integer). The reward is an exact
+numeric match of the number after the LAST "Answer:" with the ground truth: 1.0 or 0.0, no format
+reward ("Answer: 1,234", "answer: 1234.0" and "Answer: $1234" all match 1234).
+
+Difficulty levels (cfg.difficulty, a list; rows cycle through it):
+  1: two operands, one step:        a + b, a - b, a * k
+  2: three operands, two steps:     (a + b) - c, a + b * c, ...
+  3: four operands with parentheses: ((a + b) * k) - c, (a - b) * k + c, ...
+  4: five operands, four steps, parentheses and (when the total divides) an exact division.
+Numbers stay small (start 2..20, additions 1..15, factors 2..4) so a 135M model with a calculator
+sometimes gets them right. Every problem's expression is kept in extra_info.expression.
+
+Train and val are disjoint (no val problem text appears in train) and each is a pure function of
+(cfg.seed, split, count, difficulty).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import dataclass, replace
+from typing import Any
+
+from asyncrl.config import EnvConfig
+from asyncrl.env_api import Env
+from asyncrl.registry import register
+
+from .rewards import extract_tagged_answer, numbers_equal
+
+DATA_SOURCE = "arithmetic"
+MAX_LEVEL = 4
+
+INSTRUCTION = (
+    "Solve the following problem step by step. You may call the calculator tool to evaluate "
+    "arithmetic expressions. End your reply with a final line of the form \"Answer: N\", "
+    "where N is the number.\n\n"
+)
+
+_NAMES = ["Mia", "Leo", "Ava", "Sam", "Zoe", "Eli", "Ivy", "Max", "Nia", "Omar", "Ruby", "Tom"]
+_ITEMS = ["apples", "marbles", "stickers", "coins", "books", "pencils", "shells", "stamps", "cards", "eggs"]
+
+
+@dataclass
+class _State:
+    value: int
+    expr: str
+    low_prec: bool  # the expression's top operator is + or - (needs parentheses before * or /)
+
+
+def _step(rng: random.Random, st: _State, who: str, items: str, kinds: list[str]) -> tuple[str, _State]:
+    """One sentence and the new state, of a kind drawn from `kinds`; values stay positive integers."""
+    kind = rng.choice(kinds)
+    if kind == "sub" and st.value < 2:
+        kind = "add"
+    divisors = [k for k in (2, 3, 4, 5) if st.value % k == 0]
+    if kind == "share" and not divisors:
+        kind = "mul"
+    wrap = f"({st.expr})" if st.low_prec else st.expr
+    if kind == "add":
+        b = rng.randint(1, 15)
+        text = rng.choice([f"{who} gets {b} more {items}.", f"{who} finds {b} more {items}.",
+                           f"A friend gives {who} {b} {items}."])
+        return text, _State(st.value + b, f"{st.expr} + {b}", True)
+    if kind == "sub":
+        b = rng.randint(1, min(15, st.value - 1))
+        text = rng.choice([f"{who} gives away {b} {items}.", f"{who} loses {b} {items}.",
+                           f"{who} uses {b} of the {items}."])
+        return text, _State(st.value - b, f"{st.expr} - {b}", True)
+    if kind == "mul":
+        k = rng.randint(2, 4)
+        word = {2: "doubles", 3: "triples", 4: "quadruples"}[k]
+        text = f"Then the number of {items} {who} has {word} (it becomes {k} times as many)."
+        return text, _State(st.value * k, f"{wrap} * {k}", False)
+    k = rng.choice(divisors)
+    text = f"{who} shares all the {items} equally among {k} friends."
+    return text, _State(st.value // k, f"{wrap} / {k}", False)
+
+
+def make_problem(rng: random.Random, level: int) -> dict[str, Any]:
+    """One problem of `level`: {question, answer (int), expression, difficulty}.
+
+    Levels >= 3 start with an addition or subtraction followed by a multiplication, so the
+    expression has parentheses; level 4 ends with an exact division when the total divides."""
+    if not 1 <= level <= MAX_LEVEL:
+        raise ValueError(f"arithmetic difficulty {level} is not in 1..{MAX_LEVEL} (env.difficulty)")
+    who, items = rng.choice(_NAMES), rng.choice(_ITEMS)
+    a = rng.randint(2, 20)
+    st = _State(a, str(a), False)
+    sentences = [f"{who} has {a} {items}."]
+    steps = level
+    if level == 2 and rng.random() < 0.5:  # a grouped purchase: three operands in one step
+        b, c = rng.randint(2, 5), rng.randint(2, 6)
+        sentences.append(f"{who} buys {b} bags with {c} {items} in each bag.")
+        st = _State(a + b * c, f"{a} + {b} * {c}", True)
+        steps = 0
+    for i in range(steps):
+        if level >= 3 and i == 0:
+            kinds = ["add", "sub"]
+        elif level >= 3 and i == 1:
+            kinds = ["mul"]
+        elif level >= 4 and i == steps - 1:
+            kinds = ["share"]
+        else:
+            kinds = ["add", "sub", "mul"]
+        text, st = _step(rng, st, who, items, kinds)
+        sentences.append(text)
+    if " / " in st.expr:
+        question = f"How many {items} does each friend get?"
+    else:
+        question = f"How many {items} does {who} have now?"
+    return {"question": " ".join(sentences) + " " + question, "answer": st.value, "expression": st.expr,
+            "difficulty": level}
+
+
+def generate(seed: int, split: str, n: int, levels: list[int], exclude: set[str] = frozenset()) -> list[dict]:
+    """`n` distinct problems for `split`, cycling through `levels`, skipping question texts in `exclude`."""
+    for lv in levels:
+        if not isinstance(lv, int) or not 1 <= lv <= MAX_LEVEL:
+            raise ValueError(f"env.difficulty holds {lv!r}; levels are integers in 1..{MAX_LEVEL}")
+    if not levels:
+        raise ValueError("env.difficulty is empty; give at least one level in 1..4")
+    rng = random.Random(f"asyncrl-arithmetic-{seed}-{split}")
+    out, seen = [], set(exclude)
+    tries = 0
+    while len(out) < n:
+        tries += 1
+        if tries > 50 * n + 1000:
+            raise ValueError(f"cannot generate {n} distinct arithmetic problems at levels {levels}")
+        p = make_problem(rng, levels[len(out) % len(levels)])
+        if p["question"] in seen:
+            continue
+        seen.add(p["question"])
+        out.append(p)
+    return out
+
+
+def to_row(p: dict[str, Any], split: str, index: int) -> dict[str, Any]:
+    gt = str(p["answer"])
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": INSTRUCTION + p["question"]}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": gt},
+        "extra_info": {
+            "split": split,
+            "index": index,
+            "difficulty": p["difficulty"],
+            "expression": p["expression"],
+            "question": p["question"],
+            "tools_kwargs": {"calculator": {"create_kwargs": {"ground_truth": gt}}},
+        },
+    }
+
+
+def compute_score(final_text: str, ground_truth: Any) -> float:
+    """1.0 if the number after the last "Answer:" equals ground_truth numerically, else 0.0."""
+    return 1.0 if numbers_equal(extract_tagged_answer(final_text), ground_truth) else 0.0
+
+
+@register("env", "arithmetic")
+class ArithmeticEnv(Env):
+    """Seeded multi-step arithmetic word problems (asyncrl data arithmetic --out DIR)."""
+
+    name = "arithmetic"
+
+    def build(self, cfg: EnvConfig, split: str) -> list[dict[str, Any]]:
+        levels = list(cfg.difficulty)
+        val = generate(cfg.seed, "val", cfg.num_val, levels)
+        if split == "val":
+            return [to_row(p, "val", i) for i, p in enumerate(val)]
+        if split != "train":
+            raise ValueError(f"arithmetic: unknown split {split!r}; expected train or val")
+        train = generate(cfg.seed, "train", cfg.num_train, levels, exclude={p["question"] for p in val})
+        return [to_row(p, "train", i) for i, p in enumerate(train)]
+
+    def reward(self, *, final_text: str, ground_truth: Any, extra_info: dict[str, Any],
+               tool_rewards: list[float], turn_rewards: list[float]) -> float:
+        return compute_score(final_text, ground_truth)
+
+    # ------------------------------------------------------------------ asyncrl data arithmetic
+
+    @staticmethod
+    def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+        d = EnvConfig()
+        parser.add_argument("--out", required=True, help="directory for train.parquet and val.parquet")
+        parser.add_argument("--num-train", type=int, default=d.num_train)
+        parser.add_argument("--num-val", type=int, default=d.num_val)
+        parser.add_argument("--seed", type=int, default=d.seed)
+        parser.add_argument("--difficulty", type=int, nargs="+", default=d.difficulty,
+                            help=f"levels in 1..{MAX_LEVEL} (default: %(default)s)")
+
+    def data_command(self, args: argparse.Namespace) -> int:
+        import json
+        from pathlib import Path
+
+        from asyncrl.data import write_rows
+
+        cfg = replace(EnvConfig(), num_train=args.num_train, num_val=args.num_val, seed=args.seed,
+                      difficulty=list(args.difficulty))
+        out = Path(args.out)
+        written = {}
+        for split in ("train", "val"):
+            rows = self.build(cfg, split)
+            written[split] = {"path": str(write_rows(rows, out / f"{split}.parquet")), "rows": len(rows)}
+        print(json.dumps(written))
+        return 0
