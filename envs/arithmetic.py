@@ -102,6 +102,8 @@ def make_problem(rng: random.Random, level: int) -> dict[str, Any]:
             kinds = ["mul"]
         elif level >= 4 and i == steps - 1:
             kinds = ["share"]
+        elif level <= 2 and st.low_prec:
+            kinds = ["add", "sub"]  # no parentheses below level 3
         else:
             kinds = ["add", "sub", "mul"]
         text, st = _step(rng, st, who, items, kinds)
