@@ -162,6 +162,7 @@ class AlgorithmConfig:
     is_threshold: float = 2.0  # truncation of the behavior importance weight
     is_reject_low: Optional[float] = None  # reject (mask) tokens/sequences whose weight is below
     is_reject_high: Optional[float] = None  # ... or above
+    is_seq_mode: Literal["sum", "mean"] = "sum"  # sequence-level log weight: sum of token log ratios, or their mean
     kl_coef: float = 0.0
     kl_estimator: Literal["k1", "k3"] = "k3"
     entropy_coef: float = 0.0

@@ -1,0 +1,39 @@
+"""The learner: decoupled, importance-corrected policy-gradient training (FSDP2), and its math as pure functions.
+
+Public math (torch tensors; masks are float/bool [B, T]; formulas in each function's docstring):
+
+  advantages  grpo_advantages(rewards, group_ids, norm_by_std=True)      GRPO / Dr. GRPO (norm_by_std=False)
+              rloo_advantages(rewards, group_ids)                        leave-one-out baseline
+              reinforce_pp_advantages(rewards, group_ids=None, group_baseline=False)   batch-whitened
+              compute_advantages(estimator, rewards, group_ids, norm_by_std)          config dispatch
+  importance  importance_weights(prox_logp, behav_logp, mask, level=, threshold=, reject_low=,
+                                 reject_high=, seq_mode=) -> (w, keep, diagnostics)
+  losses      policy_loss(logp, behav_logp, advantages, mask, prox_logp=None, ...) -> (loss, metrics)
+              ppo_clip_terms(logp, anchor_logp, advantages, clip_low, clip_high)
+              kl_penalty(logp, ref_logp, estimator)                      k1 | k3
+              aggregate(values, mask, mode, num_tokens=, num_seqs=, max_response_tokens=)
+  logprobs    token_logprobs(logits, token_ids, temperature)             the engine's definition
+              logprobs_and_entropy(logits, token_ids, temperature)
+  packing     plan_micro_batches(lengths, token_budget, packing), build_micro_batch(seqs, index, packing)
+
+Runtime (imported lazily, they pull in transformers): `asyncrl.learner.worker.LearnerWorker`,
+`asyncrl.learner.checkpoint` (atomic DCP checkpoints), `asyncrl.learner.export` (`asyncrl export`),
+`asyncrl.learner.distributed.spawn` (N local CPU ranks over gloo).
+"""
+
+from asyncrl.learner.advantages import (
+    compute_advantages,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
+from asyncrl.learner.importance import importance_weights
+from asyncrl.learner.logprobs import logprobs_and_entropy, token_logprobs
+from asyncrl.learner.losses import aggregate, kl_penalty, policy_loss, ppo_clip_terms
+from asyncrl.learner.packing import build_micro_batch, plan_micro_batches
+
+__all__ = [
+    "grpo_advantages", "rloo_advantages", "reinforce_pp_advantages", "compute_advantages",
+    "importance_weights", "policy_loss", "ppo_clip_terms", "kl_penalty", "aggregate",
+    "token_logprobs", "logprobs_and_entropy", "plan_micro_batches", "build_micro_batch",
+]

@@ -1,0 +1,151 @@
+"""Atomic training checkpoints through torch.distributed.checkpoint (DCP).
+
+Layout of a checkpoint directory:
+  DCP files (.metadata, __*_*.distcp)   model + optimizer state, sharded as trained (resharding on load)
+  rng_rank{r}.pt                        python / numpy / torch (and CUDA) RNG states of rank r
+  meta.pt                               step, version, scheduler state, the caller's `extra`
+  config.json                           the run's Config as a dict (export rebuilds the model from it)
+  COMPLETE                              written last; a directory without it is never loaded
+
+Atomicity: every rank writes into `<path>.tmp`; after a barrier rank 0 writes COMPLETE, fsyncs, and
+renames the directory to `<path>` (a previous `<path>` is first moved to `<path>.old` and deleted after).
+A crash at any point leaves either no `<path>`, or a complete one: never a half-written one that loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+MARKER = "COMPLETE"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint directory that is missing, incomplete or inconsistent with the model."""
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write(path: Path, obj: Any) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def save(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+         meta: dict[str, Any], config: Optional[dict] = None) -> Path:
+    """Collective: every rank calls it. Writes model + optimizer (DCP), per-rank RNG, and `meta` (rank 0)."""
+    final = Path(path)
+    tmp = final.with_name(final.name + ".tmp")
+    rank = _rank()
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier crashed save
+        tmp.mkdir(parents=True)
+    _barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+    _write(tmp / f"rng_rank{rank}.pt", rng_state())
+    _barrier()
+    if rank == 0:
+        _write(tmp / "meta.pt", meta)
+        if config is not None:
+            (tmp / "config.json").write_text(json.dumps(config, indent=1, default=str))
+        with open(tmp / MARKER, "w") as f:
+            f.write("ok\n")
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        old = final.with_name(final.name + ".old")
+        if final.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    return final
+
+
+def check_complete(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise CheckpointError(f"no checkpoint at {p}")
+    if not (p / MARKER).is_file():
+        raise CheckpointError(f"checkpoint {p} is incomplete (no {MARKER} marker): a save did not finish; "
+                              f"use an earlier checkpoint")
+    return p
+
+
+def read_meta(path: str | os.PathLike) -> dict[str, Any]:
+    return torch.load(check_complete(path) / "meta.pt", weights_only=False)
+
+
+def read_config(path: str | os.PathLike) -> dict:
+    p = check_complete(path) / "config.json"
+    if not p.is_file():
+        raise CheckpointError(f"checkpoint {path} holds no config.json; cannot rebuild its model")
+    return json.loads(p.read_text())
+
+
+def load(path: str | os.PathLike, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> dict[str, Any]:
+    """Collective: load model (+ optimizer, + this rank's RNG) in place; returns the saved `meta`."""
+    p = check_complete(path)
+    if optimizer is not None:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+    else:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=str(p))
+    if optimizer is not None:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    else:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(model, state["model"])
+    rng_file = p / f"rng_rank{_rank()}.pt"
+    if optimizer is not None:
+        set_rng_state(torch.load(rng_file if rng_file.is_file() else p / "rng_rank0.pt", weights_only=False))
+    return torch.load(p / "meta.pt", weights_only=False)

@@ -1,0 +1,104 @@
+"""Importance weights of the proximal policy over the behavior policy (the engine that sampled).
+
+Per token t of sequence b, with the log ratio  d_bt = log p_prox(y_bt) - log p_behav(y_bt):
+
+- token level:     log w_bt = d_bt
+- sequence level:  log w_b  = sum_t m_bt * d_bt                     (seq_mode="sum": the exact sequence
+                              likelihood ratio; default, it is what importance sampling of a whole
+                              trajectory requires)
+                   log w_b  = sum_t m_bt * d_bt / sum_t m_bt       (seq_mode="mean": the geometric mean
+                              per token, as GSPO; length-independent, lower variance, biased)
+                   and every token of b carries w_b.
+
+Truncation: w = exp(min(log w, log threshold)) = min(w, threshold), computed in log space so an
+extreme ratio never overflows. Rejection (optional): a token (token level) or a whole sequence
+(sequence level) whose UNtruncated w is below `reject_low` or above `reject_high` gets keep = 0.
+
+Diagnostics, over the masked tokens (token level) or over the sequences with at least one masked
+token (sequence level), before rejection:
+  is_mean (of truncated w), is_max (untruncated), is_ess = (sum w)^2 / (n * sum w^2) in (0, 1] (of
+  truncated w; 1 when all weights are equal), is_frac_truncated (w > threshold), is_frac_rejected,
+  and, over masked tokens, the KL of behavior against proximal estimated from behavior samples with
+  r = p_prox / p_behav:  is_kl_k1 = mean(-log r),  is_kl_k3 = mean(r - 1 - log r).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+LOG_RATIO_CLAMP = 80.0  # |log w| beyond this is clamped before exp (float32 exp overflows near 88)
+
+
+def _check_shapes(where: str, **tensors: torch.Tensor) -> None:
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    if len(set(shapes.values())) != 1:
+        raise ValueError(f"{where}: shapes differ: {shapes}")
+
+
+def importance_weights(
+    prox_logp: torch.Tensor,
+    behav_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    level: str = "token",
+    threshold: float = 2.0,
+    reject_low: Optional[float] = None,
+    reject_high: Optional[float] = None,
+    seq_mode: str = "sum",
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Truncated behavior importance weights. Inputs [B, T]; returns (w [B, T], keep [B, T], diagnostics).
+
+    w is 0 where mask is 0; keep is the float rejection mask (1 kept, 0 rejected or masked). Both are
+    detached: the weight is a constant of the loss, never differentiated.
+    """
+    _check_shapes("importance_weights", prox_logp=prox_logp, behav_logp=behav_logp, mask=mask)
+    if threshold <= 0:
+        raise ValueError(f"importance threshold must be > 0, got {threshold}")
+    if level not in ("token", "sequence"):
+        raise ValueError(f"algorithm.is_level={level!r} is not one of token, sequence")
+    if seq_mode not in ("sum", "mean"):
+        raise ValueError(f"algorithm.is_seq_mode={seq_mode!r} is not one of sum, mean")
+    m = mask.bool()
+    mf = m.float()
+    d = torch.where(m, prox_logp.detach().float() - behav_logp.detach().float(), torch.zeros_like(mf))
+    if level == "token":
+        log_w = d
+        unit_mask = m  # diagnostics over tokens
+    else:
+        log_w_seq = d.sum(-1)
+        if seq_mode == "mean":
+            log_w_seq = log_w_seq / mf.sum(-1).clamp(min=1)
+        log_w = log_w_seq.unsqueeze(-1).expand_as(d)
+        unit_mask = m.any(-1)
+        log_w_units = log_w_seq
+    log_w = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_thr = math.log(threshold)
+    w = torch.where(m, torch.exp(log_w.clamp(max=log_thr)), torch.zeros_like(mf))
+    keep = m.clone()
+    if reject_low is not None:
+        keep &= log_w >= math.log(reject_low) if reject_low > 0 else torch.ones_like(m)
+    if reject_high is not None:
+        keep &= log_w <= math.log(reject_high)
+    # diagnostics
+    if level == "token":
+        lw_units = log_w[unit_mask]
+        kept_units = keep[unit_mask]
+    else:
+        lw_units = log_w_units.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)[unit_mask]
+        kept_units = keep.any(-1)[unit_mask]
+    diag = {"is_mean": 1.0, "is_max": 1.0, "is_ess": 1.0, "is_frac_truncated": 0.0, "is_frac_rejected": 0.0,
+            "is_kl_k1": 0.0, "is_kl_k3": 0.0}
+    if lw_units.numel():
+        wu = torch.exp(lw_units.clamp(max=log_thr)).double()
+        diag["is_mean"] = float(wu.mean())
+        diag["is_max"] = float(torch.exp(lw_units.max().double()))
+        diag["is_ess"] = float(wu.sum() ** 2 / (wu.numel() * (wu**2).sum()))
+        diag["is_frac_truncated"] = float((lw_units > log_thr).double().mean())
+        diag["is_frac_rejected"] = float((~kept_units).double().mean())
+        dt = d[m].double()  # log r per masked token, r = p_prox / p_behav
+        diag["is_kl_k1"] = float((-dt).mean())
+        diag["is_kl_k3"] = float((torch.exp(dt) - 1 - dt).mean())
+    return w, keep.float(), diag

@@ -1,0 +1,140 @@
+"""Micro-batches cut by a token budget, as packed rows or as padded rows.
+
+A sequence s is its prompt (P_s >= 1 tokens) followed by its response (R_s tokens). Response token i
+is predicted by the logits at position P_s + i - 1 of the concatenation; only positions whose
+response token has loss_mask = 1 are projected onto the vocabulary (`keep`), so neither padding nor
+tool output costs an lm_head row.
+
+- packed: the sequences of a micro-batch are concatenated into ONE row with position_ids restarting
+  at 0 for each sequence and no attention mask; transformers then builds a block-diagonal causal mask
+  from the position_ids (masking_utils.find_packed_sequence_indices), so each sequence attends only to
+  itself and the result equals separate forwards (verified in tests/learner/test_packing.py). Budget:
+  the sum of lengths <= token_budget. Bins are filled first-fit in decreasing length order.
+- padded: one row per sequence, right-padded to the longest of the micro-batch, with an attention
+  mask. Budget: n * max_len <= token_budget, sequences taken in their given order (the naive baseline).
+A sequence longer than the budget gets a micro-batch of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+
+@dataclass
+class SeqSpec:
+    """One sequence to score: token ids (prompt + response), prompt length and the response loss mask."""
+
+    input_ids: torch.Tensor  # long [P + R]
+    prompt_len: int
+    loss_mask: torch.Tensor  # bool [R]
+
+    def __post_init__(self) -> None:
+        r = self.input_ids.numel() - self.prompt_len
+        if self.prompt_len < 1:
+            raise ValueError(f"a sequence needs at least one prompt token to predict its response, got prompt_len={self.prompt_len}")
+        if r != self.loss_mask.numel():
+            raise ValueError(f"loss_mask has {self.loss_mask.numel()} entries, the response has {r} tokens")
+
+    @property
+    def length(self) -> int:
+        return self.input_ids.numel()
+
+
+@dataclass
+class MicroBatch:
+    """Model inputs plus the map from kept logits rows back to (sequence, response position)."""
+
+    seq_index: list[int]  # indices (into the list given to the planner) of the sequences in this micro-batch
+    input_ids: torch.Tensor  # long [rows, L]
+    position_ids: torch.Tensor  # long [rows, L]
+    attention_mask: Optional[torch.Tensor]  # long [rows, L] for padded rows, None for a packed row
+    keep: torch.Tensor  # bool [rows, L]: positions whose logits are needed
+    targets: torch.Tensor  # long [K]: the token each kept position predicts (row-major order of keep)
+    out_row: torch.Tensor  # long [K]: local sequence number (0..n-1) of each kept position
+    out_col: torch.Tensor  # long [K]: response position of each kept position
+    num_tokens: int  # real tokens in the micro-batch
+    max_response: int  # longest response among its sequences
+
+    @property
+    def compute_tokens(self) -> int:
+        """Tokens the transformer body processes (padding included)."""
+        return self.input_ids.numel()
+
+
+def plan_micro_batches(lengths: Sequence[int], token_budget: int, packing: bool) -> list[list[int]]:
+    """Group sequence indices into micro-batches under `token_budget` (see the module docstring)."""
+    if token_budget < 1:
+        raise ValueError(f"algorithm.micro_batch_tokens must be >= 1, got {token_budget}")
+    if packing:
+        bins: list[list[int]] = []
+        loads: list[int] = []
+        for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
+            for b, load in enumerate(loads):
+                if load + lengths[i] <= token_budget:
+                    bins[b].append(i)
+                    loads[b] += lengths[i]
+                    break
+            else:
+                bins.append([i])
+                loads.append(lengths[i])
+        return [sorted(b) for b in bins]
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i, n in enumerate(lengths):
+        if cur and (len(cur) + 1) * max(n, max(lengths[j] for j in cur)) > token_budget:
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _targets(seqs: Sequence[SeqSpec], row_of: Sequence[int], offset_of: Sequence[int], shape) -> tuple:
+    keep = torch.zeros(shape, dtype=torch.bool)
+    rows, cols, tgts = [], [], []
+    for n, s in enumerate(seqs):
+        cols_n = torch.nonzero(s.loss_mask.bool(), as_tuple=False).flatten()
+        pos = offset_of[n] + s.prompt_len - 1 + cols_n
+        keep[row_of[n], pos] = True
+        rows.append(torch.full_like(cols_n, n))
+        cols.append(cols_n)
+        tgts.append(s.input_ids[s.prompt_len + cols_n])
+    # kept positions come back from the model in row-major order of `keep`; sort our lists the same way
+    flat = torch.cat([torch.full_like(c, row_of[n]) * shape[1] + offset_of[n] + seqs[n].prompt_len - 1 + c
+                      for n, c in enumerate(cols)]) if cols else torch.zeros(0, dtype=torch.long)
+    order = torch.argsort(flat)
+    cat = lambda xs: torch.cat(xs)[order] if xs else torch.zeros(0, dtype=torch.long)  # noqa: E731
+    return keep, cat(tgts).long(), cat(rows).long(), cat(cols).long()
+
+
+def build_micro_batch(seqs: Sequence[SeqSpec], seq_index: Sequence[int], packing: bool, pad_id: int = 0) -> MicroBatch:
+    """Lay out `seqs` as one packed row or as right-padded rows."""
+    lengths = [s.length for s in seqs]
+    max_resp = max((s.loss_mask.numel() for s in seqs), default=0)
+    if packing:
+        ids = torch.cat([s.input_ids.long() for s in seqs]).unsqueeze(0)
+        pos = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+        offsets = [sum(lengths[:k]) for k in range(len(seqs))]
+        keep, tgt, row, col = _targets(seqs, [0] * len(seqs), offsets, ids.shape)
+        attn = None
+    else:
+        L = max(lengths)
+        ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+        attn = torch.zeros((len(seqs), L), dtype=torch.long)
+        for n, s in enumerate(seqs):
+            ids[n, : s.length] = s.input_ids.long()
+            attn[n, : s.length] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        keep, tgt, row, col = _targets(seqs, list(range(len(seqs))), [0] * len(seqs), ids.shape)
+    return MicroBatch(list(seq_index), ids, pos, attn, keep, tgt, row, col, sum(lengths), max_resp)
+
+
+def scatter_rows(values: torch.Tensor, mb: MicroBatch, width: Optional[int] = None) -> torch.Tensor:
+    """Put per-kept-position values [K] into a [n_seqs, width] tensor (zeros elsewhere), differentiably."""
+    width = mb.max_response if width is None else width
+    out = values.new_zeros((len(mb.seq_index), width))
+    return out.index_put((mb.out_row, mb.out_col), values)

@@ -1,0 +1,380 @@
+"""LearnerWorker: one rank of the learner group (FSDP2 over the default process group when world_size > 1).
+
+A training step (`train_step(batch)`), with every rank given the SAME batch:
+  1. advantages from the rewards and group ids of the whole batch (asyncrl.learner.advantages);
+  2. the batch is cut into `algorithm.minibatches` contiguous minibatches; rank r trains on members
+     r, r + W, r + 2W, ... of each (W = world_size); loss normalizers (tokens, sequences) are those of
+     the whole minibatch, so the ranks' gradients average to exactly the one-rank gradient;
+  3. if `algorithm.decoupled`: a no-grad proximal forward with the pre-step weights (and a reference
+     forward when kl_coef > 0), before any update;
+  4. `epochs` x `minibatches` optimizer steps; each accumulates micro-batches cut by the token budget
+     `micro_batch_tokens`, packed (one row, position_ids restarting per sequence) or padded;
+     ranks with fewer micro-batches run zero-weight dummy ones so FSDP's collectives stay aligned;
+  5. grad-norm clipping, AdamW, LR schedule (linear warmup, then constant or cosine to min_lr_ratio);
+     `version` += 1.
+
+Logprobs follow the engine's definition (asyncrl.learner.logprobs) with T = agent.sampling.temperature.
+Parameters are float32 masters; on GPU the compute is bf16 (FSDP2 MixedPrecisionPolicy, or autocast
+for one rank).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from asyncrl.config import Config, to_dict
+from asyncrl.learner import checkpoint as ckpt
+from asyncrl.learner.advantages import compute_advantages, group_index
+from asyncrl.learner.distributed import init_distributed
+from asyncrl.learner.importance import importance_weights
+from asyncrl.learner.logprobs import effective_temperature, logprobs_and_entropy
+from asyncrl.learner.losses import policy_loss
+from asyncrl.learner.packing import MicroBatch, SeqSpec, build_micro_batch, plan_micro_batches, scatter_rows
+from asyncrl.models import default_device, load_model, load_tokenizer
+
+
+def lr_lambda(warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float):
+    """Multiplier of the base lr at optimizer step s (0-based): (s+1)/warmup during warmup, then 1
+    (constant) or min + (1 - min) * 0.5 * (1 + cos(pi * progress)) (cosine) with progress in [0, 1]."""
+
+    def f(s: int) -> float:
+        if warmup_steps > 0 and s < warmup_steps:
+            return (s + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        span = max(total_steps - warmup_steps, 1)
+        progress = min(max(s - warmup_steps, 0) / span, 1.0)
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def _pad_stack(rows: list[torch.Tensor], width: int, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=dtype)
+    for n, r in enumerate(rows):
+        out[n, : r.numel()] = r.to(dtype)
+    return out
+
+
+class LearnerWorker:
+    def __init__(self, cfg: Config, rank: int = 0, world_size: int = 1):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} is outside world_size={world_size}")
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.algo = cfg.algorithm
+        self.device = default_device()
+        if self.device.startswith("cuda"):
+            import os
+
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            self.device = f"cuda:{torch.cuda.current_device()}"
+        init_distributed(rank, world_size, self.device)
+        self.temperature = effective_temperature(cfg.agent.sampling.temperature)
+        tok = load_tokenizer(cfg.model)
+        self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0))
+        master_dtype = "float32" if cfg.model.dtype == "auto" else cfg.model.dtype
+        self.model = self._build(master_dtype, trainable=True)
+        self.ref_model = self._build(master_dtype, trainable=False) if self.algo.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad], lr=self.algo.lr,
+            betas=tuple(self.algo.betas), weight_decay=self.algo.weight_decay,
+        )
+        total = cfg.trainer.total_steps * self.algo.epochs * self.algo.minibatches
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(self.algo.warmup_steps, total, self.algo.lr_schedule, self.algo.min_lr_ratio)
+        )
+        self.version = 0
+        self.optimizer_steps = 0
+
+    # ------------------------------------------------------------------ model
+
+    def _build(self, dtype: str, trainable: bool) -> torch.nn.Module:
+        model = load_model(self.cfg.model, device=self.device, dtype=dtype)
+        model.config.use_cache = False
+        if trainable:
+            if self.cfg.model.gradient_checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.train()
+        else:
+            model.eval()
+            model.requires_grad_(False)
+        if self.world_size > 1:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                  if self.device.startswith("cuda") else MixedPrecisionPolicy())
+            block_names = set(getattr(model, "_no_split_modules", None) or [])
+            blocks = [m for m in model.modules() if type(m).__name__ in block_names]
+            if not blocks:
+                raise RuntimeError(f"{type(model).__name__}: no decoder blocks found to shard (_no_split_modules={block_names})")
+            for block in blocks:
+                fully_shard(block, mp_policy=mp)
+            fully_shard(model, mp_policy=mp)
+        return model
+
+    def _autocast(self):
+        if self.device.startswith("cuda") and self.world_size == 1:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+        """Logits [K, V] of the kept positions of `mb` (row-major order of mb.keep)."""
+        dev = self.device
+        with self._autocast():
+            out = model(
+                input_ids=mb.input_ids.to(dev), position_ids=mb.position_ids.to(dev),
+                attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(dev),
+                use_cache=False, logits_to_keep=mb.keep.to(dev),
+            )
+        return out.logits.reshape(-1, out.logits.shape[-1])
+
+    def _dummy_forward(self, model: torch.nn.Module, backward: bool) -> None:
+        """A one-token forward (and zero-weight backward) keeping FSDP collectives aligned across ranks."""
+        ids = torch.tensor([[self.pad_id]], device=self.device)
+        with self._autocast():
+            out = model(input_ids=ids, position_ids=torch.zeros_like(ids), use_cache=False, logits_to_keep=1)
+        if backward:
+            (out.logits.float().sum() * 0.0).backward()
+
+    def _max_over_ranks(self, n: int) -> int:
+        if self.world_size == 1:
+            return n
+        t = torch.tensor([n], dtype=torch.long, device=self._comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def _comm_device(self) -> str:
+        return self.device if dist.get_backend() == "nccl" else "cpu"
+
+    # ------------------------------------------------------------------ scoring
+
+    @torch.no_grad()
+    def _score(self, model: torch.nn.Module, specs: list[SeqSpec], local: list[int]) -> dict[int, torch.Tensor]:
+        """Logprob of every response token (0 where loss_mask is 0) of the sequences `local`, float32 [R] each."""
+        plan = plan_micro_batches([specs[i].length for i in local], self.algo.micro_batch_tokens, self.algo.packing)
+        out: dict[int, torch.Tensor] = {}
+        for k in range(self._max_over_ranks(len(plan))):
+            if k >= len(plan):
+                self._dummy_forward(model, backward=False)
+                continue
+            idx = [local[j] for j in plan[k]]
+            mb = build_micro_batch([specs[i] for i in idx], idx, self.algo.packing, self.pad_id)
+            logp, _ = logprobs_and_entropy(self._logits(model, mb), mb.targets.to(self.device), self.temperature,
+                                           with_entropy=False)
+            rows = scatter_rows(logp.float().cpu(), mb)
+            for n, i in enumerate(idx):
+                out[i] = rows[n, : specs[i].loss_mask.numel()].clone()
+        return out
+
+    def _all_gather_dict(self, d: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        if self.world_size == 1:
+            return d
+        parts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(parts, {k: v.numpy() for k, v in d.items()})
+        return {k: torch.from_numpy(v) for p in parts for k, v in p.items()}
+
+    # ------------------------------------------------------------------ training
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        """One policy version: advantages, proximal forward, epochs x minibatches updates. Returns metrics."""
+        t0 = time.perf_counter()
+        a = self.algo
+        trajs = batch.trajectories()
+        if not trajs:
+            raise ValueError(f"batch {getattr(batch, 'batch_id', '?')} holds no trajectories")
+        specs, behav, masks = [], [], []
+        for t in trajs:
+            t.validate()
+            ids = np.concatenate([t.prompt_ids.numpy(), t.response_ids.numpy()]).astype(np.int64)
+            m = torch.from_numpy(t.loss_mask.numpy().astype(bool))
+            specs.append(SeqSpec(torch.from_numpy(ids), len(t.prompt_ids), m))
+            behav.append(torch.from_numpy(t.behavior_logprobs.numpy().astype(np.float32)))
+            masks.append(m)
+        n_traj = len(trajs)
+        adv = compute_advantages(a.adv_estimator, [t.reward for t in trajs],
+                                 group_index([t.group_id for t in trajs]), a.norm_adv_by_std)
+        minibatches = [list(c) for c in np.array_split(np.arange(n_traj), min(a.minibatches, n_traj))]
+        local_all = [i for mb in minibatches for i in mb[self.rank :: self.world_size]]
+
+        prox = self._score(self.model, specs, local_all) if a.decoupled else None
+        ref = self._score(self.ref_model, specs, local_all) if self.ref_model is not None else None
+        metrics: dict[str, float] = {}
+        if prox is not None:
+            full = self._all_gather_dict(prox)
+            width = max(m.numel() for m in masks)
+            _, _, diag = importance_weights(
+                _pad_stack([full[i] for i in range(n_traj)], width, torch.float32),
+                _pad_stack(behav, width, torch.float32), _pad_stack(masks, width, torch.bool),
+                level=a.is_level, threshold=a.is_threshold, reject_low=a.is_reject_low,
+                reject_high=a.is_reject_high, seq_mode=a.is_seq_mode,
+            )
+            metrics.update({f"learner/{k}": v for k, v in diag.items()})
+
+        sums = torch.zeros(8, dtype=torch.float64)  # loss, pg, kl, ent_sum, clip_cnt, ratio_sum, tokens, grad_norm
+        ratio_max = torch.zeros(1, dtype=torch.float64)
+        lrs = []
+        compute_tokens = 0
+        for _ in range(a.epochs):
+            for mb_idx in minibatches:
+                step_sums, step_max, ct = self._minibatch_update(mb_idx, specs, behav, masks, adv, prox, ref)
+                sums += step_sums
+                ratio_max = torch.maximum(ratio_max, step_max)
+                compute_tokens += ct
+                lrs.append(self.optimizer.param_groups[0]["lr"])
+                gn = self._clip_and_step()
+                sums[7] += gn
+        self.version += 1
+        n_steps = a.epochs * len(minibatches)
+        tokens = float(sum(int(m.sum()) for m in masks))
+        seconds = time.perf_counter() - t0
+        rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
+        metrics.update({
+            "learner/loss": float(sums[0]) / n_steps,
+            "learner/pg_loss": float(sums[1]) / n_steps,
+            "learner/kl": float(sums[2]) / n_steps,
+            "learner/entropy": float(sums[3] / max(sums[6], 1)),
+            "learner/clip_frac": float(sums[4] / max(sums[6], 1)),
+            "learner/ratio_mean": float(sums[5] / max(sums[6], 1)),
+            "learner/ratio_max": float(ratio_max),
+            "learner/grad_norm": float(sums[7]) / n_steps,
+            "learner/lr": lrs[-1],
+            "learner/adv_mean": float(adv.mean()), "learner/adv_std": float(adv.std()) if n_traj > 1 else 0.0,
+            "learner/adv_min": float(adv.min()), "learner/adv_max": float(adv.max()),
+            "learner/adv_zero_frac": float((adv == 0).float().mean()),
+            "learner/reward_mean": float(rewards.mean()),
+            "learner/tokens": tokens,
+            "learner/sequence_tokens": float(sum(s.length for s in specs)),
+            "learner/compute_tokens_rank": float(compute_tokens),
+            "learner/optimizer_steps": float(n_steps),
+            "learner/seconds": seconds,
+            "learner/tokens_per_s": float(sum(s.length for s in specs)) * a.epochs / max(seconds, 1e-9),
+            "learner/version": float(self.version),
+        })
+        return metrics
+
+    def _minibatch_update(self, mb_idx, specs, behav, masks, adv, prox, ref):
+        """Forward/backward all micro-batches of this rank's share of one minibatch (gradients accumulate)."""
+        a = self.algo
+        counts = dict(
+            num_tokens=float(sum(int(masks[i].sum()) for i in mb_idx)),
+            num_seqs=float(sum(bool(masks[i].any()) for i in mb_idx)),
+            max_response_tokens=self.cfg.agent.max_response_tokens,
+        )
+        local = mb_idx[self.rank :: self.world_size]
+        plan = plan_micro_batches([specs[i].length for i in local], a.micro_batch_tokens, a.packing)
+        sums = torch.zeros(8, dtype=torch.float64)
+        rmax = torch.zeros(1, dtype=torch.float64)
+        compute_tokens = 0
+        self.optimizer.zero_grad(set_to_none=True)
+        for k in range(self._max_over_ranks(len(plan))):
+            if k >= len(plan):
+                self._dummy_forward(self.model, backward=True)
+                continue
+            idx = [int(local[j]) for j in plan[k]]
+            mb = build_micro_batch([specs[i] for i in idx], idx, a.packing, self.pad_id)
+            compute_tokens += mb.compute_tokens
+            logits = self._logits(self.model, mb)
+            logp_k, ent_k = logprobs_and_entropy(logits, mb.targets.to(self.device), self.temperature)
+            if not a.entropy_coef:
+                ent_k = ent_k.detach()
+            w = mb.max_response
+            dev = self.device
+            stack = lambda xs, dt=torch.float32: _pad_stack(xs, w, dt).to(dev)  # noqa: E731
+            mask = stack([masks[i] for i in idx], torch.bool)
+            logp, entropy = scatter_rows(logp_k, mb).float(), scatter_rows(ent_k, mb).float()
+            loss, m = policy_loss(
+                logp, stack([behav[i] for i in idx]), adv[idx].to(dev), mask,
+                prox_logp=stack([prox[i] for i in idx]) if prox is not None else None,
+                clip_low=a.clip_low, clip_high=a.clip_high, is_level=a.is_level, is_threshold=a.is_threshold,
+                is_reject_low=a.is_reject_low, is_reject_high=a.is_reject_high, is_seq_mode=a.is_seq_mode,
+                ref_logp=stack([ref[i] for i in idx]) if ref is not None else None,
+                kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, entropy=entropy, entropy_coef=a.entropy_coef,
+                agg=a.loss_agg, **counts,
+            )
+            (loss * self.world_size).backward()
+            n = float(mask.sum())
+            sums += torch.tensor([float(loss.detach()), m["pg_loss"], m.get("kl", 0.0),
+                                  float(torch.where(mask, entropy.detach(), 0.0).sum()),
+                                  m["clip_frac"] * n, m["ratio_mean"] * n, n, 0.0], dtype=torch.float64)
+            rmax = torch.maximum(rmax, torch.tensor([m["ratio_max"]], dtype=torch.float64))
+        if self.world_size > 1:
+            dist.all_reduce(sums)
+            dist.all_reduce(rmax, op=dist.ReduceOp.MAX)
+        return sums, rmax, compute_tokens
+
+    def _clip_and_step(self) -> float:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = self.algo.grad_clip if self.algo.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer_steps += 1
+        return float(norm)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, path: str, extra: dict) -> None:
+        """Collective. Model, optimizer, scheduler, RNG, step, version and `extra`, written atomically."""
+        meta = {"version": self.version, "optimizer_steps": self.optimizer_steps, "world_size": self.world_size,
+                "scheduler": self.scheduler.state_dict(), "extra": dict(extra)}
+        ckpt.save(path, self.model, self.optimizer, meta=meta, config=to_dict(self.cfg))
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Collective. Restores everything `save_checkpoint` wrote; returns its `extra`."""
+        meta = ckpt.load(path, self.model, self.optimizer)
+        self.scheduler.load_state_dict(meta["scheduler"])
+        self.version = int(meta["version"])
+        self.optimizer_steps = int(meta["optimizer_steps"])
+        return dict(meta["extra"])
+
+    # ------------------------------------------------------------------ weights out
+
+    def iter_full_params(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Collective. Full (unsharded) parameters in named_parameters() order, in buckets of at most
+        `bucket_bytes` (a single tensor larger than that is yielded alone). Tied weights appear once, under
+        the name named_parameters() gives them. Only rank 0's tensors are meant to be used."""
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, p in self.model.named_parameters():
+            t = p.detach()
+            if hasattr(t, "full_tensor"):
+                t = t.full_tensor()
+            nbytes = t.numel() * t.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((name, t))
+            size += nbytes
+        if bucket:
+            yield bucket
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Collective. The model's full state dict on CPU (rank 0 holds it; others get an empty dict)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if self.world_size == 1:
+            return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.model, options=opts)
+
+    def export_hf(self, out_dir: str) -> None:
+        """Collective. A plain HF directory (safetensors, config, tokenizer) written by rank 0, atomically."""
+        from asyncrl.learner.export import save_hf
+
+        sd = self.full_state_dict()
+        if self.rank == 0:
+            save_hf(sd, self.cfg.model, Path(out_dir))
+        if self.world_size > 1:
+            dist.barrier()
