@@ -1,0 +1,39 @@
+"""`BufferActor`: the buffer service inside a Ray actor (the controller's way to run it).
+
+The service runs in a background thread of the actor process; the actor's methods talk to it over
+its own socket (a `BufferConsumer`), so the serving thread stays the only owner of the state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ray
+
+from asyncrl.buffer.client import BufferConsumer
+from asyncrl.buffer.server import BufferService
+from asyncrl.config import BufferConfig
+
+
+@ray.remote(num_cpus=0)
+class BufferActor:
+    def __init__(self, cfg: BufferConfig, wal_dir: str | Path):
+        self._svc = BufferService(cfg, wal_dir)
+        addr = self._svc.start()
+        if cfg.host in ("0.0.0.0", "*"):  # advertise this node's address, not the wildcard
+            addr = addr.replace("127.0.0.1", ray.util.get_node_ip_address())
+        self._addr = addr
+        self._client = BufferConsumer(self._svc.address, timeout_s=30.0,
+                                      curve_server_public=cfg.curve_server_public)
+
+    def address(self) -> str:
+        return self._addr
+
+    def stats(self) -> dict:
+        return self._client.stats()
+
+    def set_version(self, version: int) -> None:
+        self._client.set_version(version)
+
+    def stop(self) -> None:
+        self._client.close()
+        self._svc.stop()

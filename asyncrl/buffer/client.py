@@ -1,0 +1,219 @@
+"""Clients of the replay buffer: `AsyncBufferProducer` (rollout workers, zmq.asyncio) and
+`BufferConsumer` (learner rank 0 / controller, blocking with timeouts).
+
+Both use one DEALER socket and tag each request with a fresh ``req_id``; replies are matched by it,
+so late replies to abandoned requests are recognised and ignored (a late *batch* is kept and returned
+by the next `get_batch`, so no served batch is lost while the consumer lives).
+
+Producer guarantees: `put` returns only after the buffer acknowledged the WAL append. A request
+that gets no reply within `timeout_s` is sent again with the same trajectory (same uid; the buffer
+stores a uid once) up to `retries` times; a BUSY reply (back-pressure) makes it wait and retry without
+limit, since waiting for the learner to drain is the intended behaviour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+import uuid
+from typing import Optional
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from asyncrl.buffer import protocol as P
+from asyncrl.schema import Batch, Trajectory
+
+
+class BufferError(RuntimeError):
+    """The buffer refused a request (ERR reply) or never answered within the retries."""
+
+
+class BufferTimeout(BufferError, TimeoutError):
+    pass
+
+
+def _curve(sock: zmq.Socket, server_public: Optional[str]) -> None:
+    if server_public:
+        pub, sec = zmq.curve_keypair()
+        sock.curve_serverkey = server_public.encode()
+        sock.curve_publickey, sock.curve_secretkey = pub, sec
+
+
+def _ids():
+    prefix = os.urandom(4)
+    return (prefix + i.to_bytes(8, "little") for i in itertools.count())
+
+
+class AsyncBufferProducer:
+    def __init__(self, address: str, *, timeout_s: float = 10.0, retries: int = 20,
+                 curve_server_public: Optional[str] = None):
+        if not address.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError(f"buffer address {address!r} must look like tcp://host:port")
+        self.address, self.timeout_s, self.retries = address, timeout_s, retries
+        self._curve = curve_server_public
+        self._ctx: Optional[zmq.asyncio.Context] = None
+        self._sock: Optional[zmq.asyncio.Socket] = None
+        self._waiting: dict[bytes, asyncio.Future] = {}
+        self._reader: Optional[asyncio.Task] = None
+        self._ids = _ids()
+        self.busy_waits = 0
+        self.resends = 0
+
+    def _ensure(self) -> None:
+        if self._sock is None:
+            self._ctx = zmq.asyncio.Context()
+            s = self._ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.SNDHWM, 10_000)
+            _curve(s, self._curve)
+            s.connect(self.address)
+            self._sock = s
+            self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        while True:
+            frames = await self._sock.recv_multipart()
+            if len(frames) == 3:
+                fut = self._waiting.pop(frames[0], None)
+                if fut is not None and not fut.done():
+                    fut.set_result((frames[1], frames[2]))
+
+    async def _request(self, op: bytes, body: bytes) -> tuple[bytes, bytes]:
+        """Send until a reply arrives; BUSY replies wait and resend without using up retries."""
+        self._ensure()
+        attempts, backoff = 0, 0.0
+        while True:
+            req_id = next(self._ids)
+            fut = asyncio.get_running_loop().create_future()
+            self._waiting[req_id] = fut
+            await self._sock.send_multipart([req_id, op, body])
+            try:
+                status, reply = await asyncio.wait_for(fut, self.timeout_s)
+            except asyncio.TimeoutError:
+                self._waiting.pop(req_id, None)
+                attempts += 1
+                self.resends += 1
+                if attempts > self.retries:
+                    raise BufferTimeout(f"buffer at {self.address} did not answer {op.decode()} after "
+                                        f"{attempts} tries of {self.timeout_s}s") from None
+                continue
+            if status == P.BUSY:
+                self.busy_waits += 1
+                backoff = min(1.0, max(float(reply or b"50") / 1000, backoff * 2))
+                await asyncio.sleep(backoff)
+                continue
+            if status == P.ERR:
+                raise BufferError(f"buffer at {self.address} refused {op.decode()}: {reply.decode(errors='replace')}")
+            return status, reply
+
+    async def put_bytes(self, body: bytes) -> str:
+        """Send an already encoded trajectory; returns the buffer's verdict: 'new' | 'dup' | 'late'."""
+        _, verdict = await self._request(P.PUT, body)
+        return verdict.decode()
+
+    async def put(self, traj: Trajectory) -> None:
+        await self.put_bytes(msgspec.msgpack.encode(traj))
+
+    async def report_failed(self, group_id: str, group_size: int, count: int = 1) -> None:
+        """`count` members of `group_id` will never arrive; the group completes with its real size."""
+        key = uuid.uuid4().hex  # one per report: a resend of this report is applied once
+        await self._request(P.FAIL, P.pack(P.FailReport(key, group_id, group_size, count)))
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._reader = None
+        for fut in self._waiting.values():
+            fut.cancel()
+        self._waiting.clear()
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._ctx.term()
+            self._sock = self._ctx = None
+
+
+class BufferConsumer:
+    """Blocking client for learner rank 0 / the controller (not thread-safe: one thread uses it)."""
+
+    REQUEST_TRIES = 3
+    GRACE_S = 2.0  # how long past a GET's deadline the client still waits for the parked reply
+
+    def __init__(self, address: str, *, timeout_s: float = 10.0, curve_server_public: Optional[str] = None):
+        if not address.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError(f"buffer address {address!r} must look like tcp://host:port")
+        self.address, self.timeout_s = address, timeout_s
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        _curve(self._sock, curve_server_public)
+        self._sock.connect(address)
+        self._ids = _ids()
+        self._late_batches: list[bytes] = []
+        self._dec = msgspec.msgpack.Decoder(Batch)
+
+    def _wait_reply(self, req_id: bytes, deadline: float) -> Optional[tuple[bytes, bytes]]:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._sock.poll(left * 1000):
+                return None
+            frames = self._sock.recv_multipart()
+            if len(frames) != 3:
+                continue
+            if frames[0] == req_id:
+                return frames[1], frames[2]
+            if frames[1] == P.BATCH:  # a batch for a GET we gave up on: keep it, it was served
+                self._late_batches.append(frames[2])
+
+    def _call(self, op: bytes, body: bytes = b"") -> tuple[bytes, bytes]:
+        for _ in range(self.REQUEST_TRIES):
+            req_id = next(self._ids)
+            self._sock.send_multipart([req_id, op, body])
+            got = self._wait_reply(req_id, time.monotonic() + self.timeout_s)
+            if got is None:
+                continue
+            if got[0] == P.ERR:
+                raise BufferError(f"buffer at {self.address} refused {op.decode()}: {got[1].decode(errors='replace')}")
+            return got
+        raise BufferTimeout(f"buffer at {self.address} did not answer {op.decode()} in "
+                            f"{self.REQUEST_TRIES} tries of {self.timeout_s}s")
+
+    def get_batch(self, n_groups: int, current_version: int, max_staleness: int,
+                  timeout_s: float = 60.0) -> Optional[Batch]:
+        """`n_groups` complete groups whose trajectories are all at least current_version - max_staleness
+        old, or None if the buffer has not got them within `timeout_s`."""
+        if self._late_batches:
+            return self._dec.decode(self._late_batches.pop(0))
+        req_id = next(self._ids)
+        body = P.pack(P.GetRequest(n_groups, current_version, max_staleness, int(timeout_s * 1000)))
+        self._sock.send_multipart([req_id, P.GET, body])
+        got = self._wait_reply(req_id, time.monotonic() + timeout_s + self.GRACE_S)
+        if got is None:
+            return None
+        status, reply = got
+        if status == P.BATCH:
+            return self._dec.decode(reply)
+        if status == P.EMPTY:
+            return None
+        raise BufferError(f"buffer at {self.address} refused GET: {reply.decode(errors='replace')}")
+
+    def commit(self, batch_ids: list[int], step: int) -> None:
+        """The learner trained on these batches and checkpointed at `step`: never serve them again."""
+        self._call(P.COMMIT, P.pack(P.CommitRequest([int(b) for b in batch_ids], int(step))))
+
+    def set_version(self, version: int) -> None:
+        self._call(P.VERSION, P.pack(P.VersionRequest(int(version))))
+
+    def stats(self) -> dict:
+        return msgspec.msgpack.decode(self._call(P.STATS)[1])
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+        self._ctx.term()

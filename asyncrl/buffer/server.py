@@ -1,0 +1,364 @@
+"""The replay buffer service: one ZMQ ROUTER socket, one write-ahead log, one serving thread.
+
+Loop (single thread, owns the socket and the state): wait for requests, drain up to
+`DRAIN_MAX` of them without blocking, apply each (logging its WAL record), try to answer the parked
+GET requests, write the round's WAL records with one syscall and one fsync (``batched``: group
+commit), and only then send the replies (acks, batches) with ``NOBLOCK``, so an ack always means
+"in the log" and a vanished peer can never block the loop (ROUTER drops what it cannot route).
+
+A GET is parked until enough complete groups exist or its deadline passes (then EMPTY). A new GET
+from the same peer replaces its parked one. On start the log is replayed through the same state
+machine (`asyncrl.buffer.store`) and compacted to the live state.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import msgspec
+import zmq
+
+from asyncrl.buffer import protocol as P
+from asyncrl.buffer.store import BufferState, Entry
+from asyncrl.buffer.wal import WriteAheadLog, frame
+from asyncrl.config import BufferConfig
+from asyncrl.schema import SchemaError, Trajectory
+
+log = logging.getLogger(__name__)
+
+DRAIN_MAX = 512
+BUSY_RETRY_MS = 50
+_LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+class BufferConfigError(ValueError):
+    """A buffer configuration that must not run (e.g. a non-loopback bind without CURVE keys)."""
+
+
+def is_loopback(host: str) -> bool:
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "*", "0.0.0.0"-like wildcards, interface names, host names
+
+
+def check_bind(cfg: BufferConfig) -> None:
+    """Refuse a non-loopback bind without CURVE keys, and half-configured keys."""
+    has_secret, has_public = bool(cfg.curve_server_secret), bool(cfg.curve_server_public)
+    if has_secret != has_public:
+        raise BufferConfigError("buffer.curve_server_secret and buffer.curve_server_public must be set together")
+    if not is_loopback(cfg.host) and not has_secret:
+        raise BufferConfigError(
+            f"buffer.host={cfg.host!r} is not a loopback address and no CURVE keys are configured: refusing to "
+            "expose the replay buffer unauthenticated. Set buffer.curve_server_secret/curve_server_public "
+            "(z85 keys from zmq.curve_keypair()) or bind to 127.0.0.1.")
+    if has_secret and not zmq.has("curve"):
+        raise BufferConfigError("CURVE keys are configured but this libzmq was built without CURVE support")
+
+
+def decode_put(body: bytes) -> Entry:
+    """Validate a PUT body as a Trajectory; raise ValueError naming what is wrong."""
+    try:
+        t = msgspec.msgpack.decode(body, type=Trajectory)
+        t.validate()
+        mv = t.min_version()
+    except (msgspec.DecodeError, msgspec.ValidationError, SchemaError) as e:
+        raise ValueError(f"PUT body is not a valid Trajectory: {e}") from e
+    if not t.uid or not t.group_id:
+        raise ValueError(f"PUT trajectory needs a non-empty uid and group_id, got uid={t.uid!r} "
+                         f"group_id={t.group_id!r}")
+    return Entry(t.uid, t.group_id, t.group_size, mv, bytes(body))
+
+
+def batch_bytes(batch_id: int, groups) -> bytes:
+    """msgpack of an `asyncrl.schema.Batch` built from stored trajectory bytes (no re-encoding)."""
+    return P.pack(P.WireBatch(batch_id=batch_id, groups=[
+        P.WireGroup(group_id=sg.group_id, expected=sg.expected, failed=sg.failed,
+                    trajectories=[msgspec.Raw(e.raw) for e in entries]) for sg, entries in groups]))
+
+
+class _Parked(msgspec.Struct):
+    ident: bytes
+    req_id: bytes
+    req: P.GetRequest
+    deadline: float
+
+
+class BufferService:
+    """Owns the socket, the WAL and the in-memory state. `start()` returns the address to connect to."""
+
+    def __init__(self, cfg: BufferConfig, wal_dir: str | Path):
+        check_bind(cfg)
+        self.cfg = cfg
+        self.wal = WriteAheadLog(wal_dir, cfg.fsync)
+        self.state = BufferState(cfg.capacity_trajectories, cfg.capacity_bytes, cfg.order)
+        self.version = 0
+        self.threshold: Optional[int] = None  # current_version - max_staleness, from the last GET/VERSION
+        self.eta: Optional[int] = None
+        self.counts = {"malformed": 0, "bytes_received": 0, "busy_replies": 0, "requests": 0}
+        self._parked: dict[bytes, _Parked] = {}
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._ctx: Optional[zmq.Context] = None
+        self._sock: Optional[zmq.Socket] = None
+        self.address: Optional[str] = None
+        self.error: Optional[BaseException] = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> str:
+        self._replay()
+        self._ctx = zmq.Context()
+        s = self._ctx.socket(zmq.ROUTER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, 10_000)
+        s.setsockopt(zmq.RCVHWM, 10_000)
+        # protocol-level ceiling (the peer is disconnected); frames up to max_frame_bytes get an ERR reply
+        s.setsockopt(zmq.MAXMSGSIZE, 2 * self.cfg.max_frame_bytes + (1 << 20))
+        if self.cfg.curve_server_secret:
+            s.curve_server = True
+            s.curve_secretkey = self.cfg.curve_server_secret.encode()
+            s.curve_publickey = self.cfg.curve_server_public.encode()
+        host = "*" if self.cfg.host in ("0.0.0.0", "*") else self.cfg.host
+        url = f"tcp://[{host}]" if ":" in host else f"tcp://{host}"
+        try:
+            if self.cfg.port:
+                s.bind(f"{url}:{self.cfg.port}")
+                port = self.cfg.port
+            else:
+                port = s.bind_to_random_port(url)
+        except zmq.ZMQError as e:
+            s.close()
+            raise BufferConfigError(f"buffer cannot bind {url}:{self.cfg.port or '<random>'}: {e}") from e
+        self._sock = s
+        shown = "127.0.0.1" if host == "*" else (f"[{host}]" if ":" in host else host)
+        self.address = f"tcp://{shown}:{port}"
+        self._thread = threading.Thread(target=self._run, name="asyncrl-buffer", daemon=True)
+        self._thread.start()
+        log.info("replay buffer serving on %s (wal %s, fsync=%s)", self.address, self.wal.path, self.cfg.fsync)
+        return self.address
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+        self.wal.close()
+
+    def join(self) -> None:
+        while self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout=0.5)
+        if self.error is not None:
+            raise RuntimeError(f"replay buffer loop failed: {self.error!r}") from self.error
+
+    def _replay(self) -> None:
+        """Rebuild the state from the log, then compact the log to that state."""
+        n = 0
+        for kind, payload in self.wal.replay():
+            self._apply_record(kind, payload)
+            n += 1
+        self.wal.rewrite(self.state.snapshot_records())
+        self.wal.open()
+        if n:
+            log.info("replayed %d WAL records: %d held, %d batches to serve again", n, self.state.size,
+                     len(self.state.replay_queue))
+
+    def _apply_record(self, kind: int, payload: bytes) -> None:
+        st = self.state
+        if kind == P.REC_PUT:
+            st.apply_put(decode_put(payload))
+        elif kind == P.REC_FAIL:
+            st.apply_fail(P.unpack(payload, P.FailReport))
+        elif kind == P.REC_DROP:
+            st.apply_drop(P.unpack(payload, P.DropRecord).uids)
+        elif kind == P.REC_SERVE:
+            st.apply_serve(P.unpack(payload, P.ServeRecord), replaying=True)
+        elif kind == P.REC_COMMIT:
+            st.apply_commit(P.unpack(payload, P.CommitRequest).batch_ids)
+        elif kind == P.REC_SNAPSHOT:
+            st.apply_snapshot(P.unpack(payload, P.Snapshot))
+        else:
+            raise ValueError(f"{self.wal.path}: unknown WAL record kind {kind}")
+
+    # ------------------------------------------------------------------ the loop
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # noqa: BLE001 - recorded and re-raised by join(); logged loudly
+            self.error = e
+            log.exception("replay buffer loop died")
+
+    def _loop(self) -> None:
+        sock = self._sock
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            now = time.monotonic()
+            wait = min([50.0] + [max(0.0, (p.deadline - now) * 1000) for p in self._parked.values()])
+            msgs = []
+            if poller.poll(wait):
+                while len(msgs) < DRAIN_MAX:
+                    try:
+                        msgs.append(sock.recv_multipart(zmq.NOBLOCK))
+                    except zmq.Again:
+                        break
+            records: list[bytes] = []
+            replies: list[list[bytes]] = []
+            for m in msgs:
+                self._handle(m, records, replies)
+            self._answer_parked(records, replies)
+            if records:
+                if self.wal.policy == "each":  # every record fsynced on its own
+                    for r in records:
+                        self.wal.append_many([r])
+                else:  # one write (and under "batched" one fsync) for the round: group commit
+                    self.wal.append_many(records)
+                self.wal.sync()
+            for r in replies:
+                try:
+                    sock.send_multipart(r, zmq.NOBLOCK)
+                except zmq.ZMQError:  # peer gone or its queue full: never block on a peer
+                    pass
+
+    def _handle(self, m: list[bytes], records: list[bytes], replies: list[list[bytes]]) -> None:
+        self.counts["requests"] += 1
+        ident = m[0]
+        req_id = m[1] if len(m) > 1 and len(m[1]) <= 64 else b""
+
+        def err(msg: str) -> None:
+            self.counts["malformed"] += 1
+            replies.append([ident, req_id, P.ERR, msg.encode()[:1000]])
+
+        if len(m) != 4:
+            return err(f"expected 3 frames [req_id, op, body], got {len(m) - 1}")
+        _, req_id, op, body = m
+        if len(req_id) > 64:
+            return err(f"req_id frame of {len(req_id)} bytes exceeds 64")
+        if len(body) > self.cfg.max_frame_bytes:
+            return err(f"body of {len(body)} bytes exceeds buffer.max_frame_bytes={self.cfg.max_frame_bytes}")
+        try:
+            if op == P.PUT:
+                self._put(ident, req_id, body, records, replies)
+            elif op == P.FAIL:
+                rep = P.unpack(body, P.FailReport)
+                if rep.count < 1 or rep.group_size < 1:
+                    raise ValueError(f"FAIL count={rep.count} group_size={rep.group_size} must be >= 1")
+                if self.state.apply_fail(rep):
+                    records.append(frame(P.REC_FAIL, body))
+                replies.append([ident, req_id, P.OK, b""])
+            elif op == P.GET:
+                req = P.unpack(body, P.GetRequest)
+                if req.n_groups < 1 or req.max_staleness < 0:
+                    raise ValueError(f"GET n_groups={req.n_groups} must be >= 1 and max_staleness="
+                                     f"{req.max_staleness} >= 0")
+                self._parked[ident] = _Parked(ident, req_id, req, time.monotonic() + max(0, req.timeout_ms) / 1000)
+            elif op == P.COMMIT:
+                req = P.unpack(body, P.CommitRequest)
+                self.state.apply_commit(req.batch_ids)
+                records.append(frame(P.REC_COMMIT, body))
+                replies.append([ident, req_id, P.OK, b""])
+            elif op == P.VERSION:
+                self.version = P.unpack(body, P.VersionRequest).version
+                if self.eta is not None:
+                    self.threshold = self.version - self.eta
+                    self._drop_stale(records)
+                replies.append([ident, req_id, P.OK, b""])
+            elif op == P.STATS:
+                replies.append([ident, req_id, P.STATS_REPLY, P.pack(self.stats())])
+            else:
+                err(f"unknown op {op[:32]!r}; ops: {[o.decode() for o in P.OPS]}")
+        except ValueError as e:
+            err(str(e))
+
+    def _put(self, ident, req_id, body, records, replies) -> None:
+        e = decode_put(body)
+        self.counts["bytes_received"] += len(body)
+        verdict = self.state.classify(e.uid, e.group_id, len(body))
+        if verdict == "busy" and self.threshold is not None:
+            self._drop_stale(records)  # free what may be freed before refusing
+            verdict = self.state.classify(e.uid, e.group_id, len(body))
+        if verdict == "busy":
+            self.counts["busy_replies"] += 1
+            replies.append([ident, req_id, P.BUSY, str(BUSY_RETRY_MS).encode()])
+            return
+        verdict = self.state.apply_put(e)
+        if verdict != "dup":
+            records.append(frame(P.REC_PUT, e.raw))
+        replies.append([ident, req_id, P.OK, verdict.encode()])
+
+    def _drop_stale(self, records: list[bytes]) -> None:
+        uids = self.state.stale_uids(self.threshold)
+        if uids:
+            self.state.apply_drop(uids)
+            records.append(frame(P.REC_DROP, P.pack(P.DropRecord(uids))))
+        self.state.drop_empty_complete()
+
+    def _answer_parked(self, records: list[bytes], replies: list[list[bytes]]) -> None:
+        if not self._parked:
+            return
+        now = time.monotonic()
+        for ident in list(self._parked):
+            p = self._parked[ident]
+            body = self._try_serve(p.req, records)
+            if body is not None:
+                replies.append([p.ident, p.req_id, P.BATCH, body])
+            elif now >= p.deadline:
+                replies.append([p.ident, p.req_id, P.EMPTY, b""])
+            else:
+                continue
+            del self._parked[ident]
+
+    def _try_serve(self, req: P.GetRequest, records: list[bytes]) -> Optional[bytes]:
+        st = self.state
+        replay = st.next_replay()
+        if replay is not None:  # outstanding before a restart: the same batch again, same id
+            rec, entries = replay
+            return batch_bytes(rec.batch_id, [(sg, [entries[u] for u in sg.uids]) for sg in rec.groups])
+        self.eta = req.max_staleness
+        self.threshold = req.current_version - req.max_staleness
+        self._drop_stale(records)
+        rec = st.plan_batch(req.n_groups)
+        if rec is None:
+            return None
+        groups = st.apply_serve(rec, replaying=False)
+        records.append(frame(P.REC_SERVE, P.pack(rec)))
+        return batch_bytes(rec.batch_id, groups)
+
+    def stats(self) -> dict:
+        return {**self.state.stats(self.version), **self.counts, "version": self.version,
+                "wal_bytes_written": self.wal.bytes_written}
+
+
+def serve_forever(cfg: BufferConfig, wal_dir) -> None:
+    """Run the service in this process until SIGINT/SIGTERM (used by `asyncrl buffer` and tests).
+    Prints one line ``BUFFER_ADDRESS tcp://host:port`` on stdout once it serves."""
+    import signal
+
+    svc = BufferService(cfg, wal_dir)
+    addr = svc.start()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"BUFFER_ADDRESS {addr}", flush=True)
+    try:
+        while not stop.wait(0.2):
+            if svc.error is not None:
+                break
+    finally:
+        svc.stop()
+    if svc.error is not None:
+        raise RuntimeError(f"replay buffer loop failed: {svc.error!r}") from svc.error
