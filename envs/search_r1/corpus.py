@@ -119,7 +119,8 @@ def make_world(seed: int, n_questions: int) -> World:
     companies = {}
     for founder in founders:
         name = fresh(lambda: f"{_word(rng, 2)} {rng.choice(_SUFFIXES)}")
-        companies[name] = {"founder": founder, "hq": rng.choice(city_names), "industry": rng.choice(_INDUSTRIES),
+        hq = rng.choice([c for c in city_names if c != people[founder]["city"]])  # no one-document shortcut
+        companies[name] = {"founder": founder, "hq": hq, "industry": rng.choice(_INDUSTRIES),
                            "year": rng.randint(1950, 2020)}
     return World(countries, cities, people, companies)
 
