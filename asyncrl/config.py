@@ -352,6 +352,7 @@ def compose(overrides: list[str] | None = None, config_name: str = "config") -> 
     from omegaconf.errors import OmegaConfBaseException
 
     overrides = list(overrides or [])
+    _store_schema_defaults()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
@@ -363,6 +364,15 @@ def compose(overrides: list[str] | None = None, config_name: str = "config") -> 
         GlobalHydra.instance().clear()
     out.pop("hydra", None)
     return out
+
+
+def _store_schema_defaults() -> None:
+    """Every schema key with its default, as the first entry of config.yaml's defaults list: the
+    YAML files then only say what differs, and any schema key can be overridden without `+`."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    ConfigStore.instance().store(name="asyncrl_defaults", node=OmegaConf.create(to_dict(Config())))
 
 
 def _explain_hydra_error(message: str, overrides: list[str]) -> str:

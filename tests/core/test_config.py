@@ -73,3 +73,8 @@ def test_from_dict_rejects_bool_for_int_and_unknown_keys():
         from_dict(AlgorithmConfig, {"n_samples": True}, "algorithm")
     with pytest.raises(ConfigError, match="unknown key 'algorithm.lrr'.*did you mean 'lr'"):
         from_dict(AlgorithmConfig, {"lrr": 1.0}, "algorithm")
+
+
+def test_any_schema_key_overrides_without_plus_even_if_no_yaml_sets_it():
+    cfg = load_config(["trainer.progress=false", "trainer.weight_sync.bucket_mb=8", "buffer.order=newest"])
+    assert cfg.trainer.progress is False and cfg.trainer.weight_sync.bucket_mb == 8 and cfg.buffer.order == "newest"
