@@ -1,0 +1,200 @@
+"""The agent-loop interface, the per-episode machinery the built-in loops share, and `run_episode`.
+
+An agent loop is a class registered with `@register("agent", name)` whose `run(sample, ctx)`
+returns a finished `Trajectory`. The rollout worker calls only `run_episode(sample, ctx, default)`.
+
+Budgets (AgentConfig): each generation asks for max_new_tokens = min(max_turn_tokens, remaining)
+where remaining = max_response_tokens - len(response_ids) (inserted tokens count too); a block of
+inserted tokens that would leave no room for another generated token is not inserted and the
+episode ends with finish_reason "length". Turn limits: max_assistant_turns counts generations,
+max_user_turns counts interaction (simulated user) turns; tool results are not user turns.
+
+finish_reason: "stop" (the model ended, the interaction said done), "length" (token budget),
+"max_turns", "invalid_calls" (max_consecutive_invalid_calls in a row), "abort" (engine aborted).
+Trajectory.reward is the env reward function's score; interaction scores go to turn_rewards.
+metrics: tool counters (see tool_runner), assistant_turns, user_turns, response_tokens,
+generated_tokens, plus the reward function's extra numeric outputs under "reward/<key>".
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from asyncrl import registry
+from asyncrl.config import AgentConfig, ToolSpec
+from asyncrl.engine.base import GenerateResult, Generator, SamplingParams
+from asyncrl.env_api import Sample, score
+from asyncrl.schema import Trajectory
+
+from .chat import ChatFormat
+from .trajectory_builder import TrajectoryBuilder
+
+
+class PromptTooLongError(ValueError):
+    """The rendered prompt exceeds AgentConfig.max_prompt_tokens (a data problem, not the model's)."""
+
+
+@dataclass
+class AgentContext:
+    engine: Generator  # asyncrl.engine.base.Generator (an EngineClient, or a scripted double in tests)
+    tokenizer: Any  # HF tokenizer
+    cfg: AgentConfig
+    tool_specs: list[ToolSpec]  # from tools.loader.load_tool_specs
+    reward_fn: Callable  # sync or async; see env_api.score
+    env_name: str = ""
+    tool_overrides: dict = field(default_factory=dict)  # {tool_name: {config_key: value}}
+    interactions: list = field(default_factory=list)  # InteractionSpec (or dicts) configuring interactions by name
+    _tools: Optional[dict[str, Any]] = field(default=None, init=False, repr=False)
+
+    def tools(self) -> dict[str, Any]:
+        """The tool objects (built once per context, shared by its episodes; state is per instance_id)."""
+        if self._tools is None:
+            from asyncrl.tools.loader import make_tools
+
+            self._tools = make_tools(self.tool_specs, self.tool_overrides)
+        return self._tools
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return [t.tool_schema for t in self.tools().values()]
+
+    def make_interaction(self, name: str) -> Any:
+        """A fresh interaction object for one episode: configured by the matching spec, else registered."""
+        for spec in self.interactions:
+            s = spec if isinstance(spec, dict) else {"name": spec.name, "class_name": spec.class_name,
+                                                      "config": spec.config}
+            if s.get("name") == name:
+                cls_name = s.get("class_name") or name
+                cls = (registry.resolve_object(cls_name) if ("." in cls_name or ":" in cls_name)
+                       else registry.get("interaction", cls_name))
+                return cls(dict(s.get("config") or {}))
+        return registry.get("interaction", name)({})
+
+
+class AgentLoop:
+    """Base class of agent loops: `run(sample, ctx) -> Trajectory`."""
+
+    name: str = ""
+
+    async def run(self, sample: Sample, ctx: AgentContext) -> Trajectory:
+        raise NotImplementedError
+
+
+def sampling_params(ctx: AgentContext, max_new_tokens: int, stop_token_ids: list[int]) -> SamplingParams:
+    s = ctx.cfg.sampling
+    return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=max_new_tokens,
+                          min_new_tokens=min(s.min_new_tokens, max_new_tokens), stop_token_ids=list(stop_token_ids))
+
+
+class Episode:
+    """One episode's state: the token arrays, readable messages, counters, turns and rewards."""
+
+    def __init__(self, sample: Sample, ctx: AgentContext, agent: str, chat: ChatFormat,
+                 messages: list[dict[str, Any]]):
+        self.sample, self.ctx, self.agent, self.chat = sample, ctx, agent, chat
+        self.cfg = ctx.cfg
+        self.messages = [dict(m) for m in messages]
+        prompt = chat.prompt_ids(self.messages)
+        if len(prompt) > self.cfg.max_prompt_tokens:
+            raise PromptTooLongError(f"sample {sample.uid} (data_index {sample.data_index}): prompt has {len(prompt)} "
+                                     f"tokens, over agent.max_prompt_tokens={self.cfg.max_prompt_tokens}")
+        self.builder = TrajectoryBuilder(prompt, self.cfg.max_response_tokens)
+        self.metrics: Counter = Counter()
+        self.turn_rewards: list[float] = []
+        self.tool_rewards: list[float] = []
+        self.assistant_turns = 0
+        self.user_turns = 0
+        self.finish_reason = "stop"
+        self.stop_ids = chat.stop_token_ids()
+
+    async def generate(self) -> Optional[GenerateResult]:
+        """One assistant generation appended to the trajectory; None (finish "length") when no budget is left."""
+        max_new = min(self.cfg.max_turn_tokens, self.builder.remaining)
+        if max_new <= 0:
+            self.finish_reason = "length"
+            return None
+        sp = sampling_params(self.ctx, max_new, self.stop_ids)
+        out = await self.ctx.engine.generate(self.builder.context(), sp, rid=f"{self.sample.uid}-t{self.assistant_turns}",
+                                             session_id=self.sample.uid)
+        self.builder.add_generated(out.output_ids, out.logprobs, out.versions)
+        self.assistant_turns += 1
+        self.metrics["generated_tokens"] += len(out.output_ids)
+        return out
+
+    def decode(self, ids: list[int]) -> str:
+        return self.ctx.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def insert_ids(self, ids: list[int]) -> bool:
+        """Append inserted (masked) ids if at least one generated token still fits after them."""
+        if len(ids) >= self.builder.remaining:
+            self.finish_reason = "length"
+            return False
+        self.builder.add_inserted(ids)
+        self.metrics["inserted_tokens"] += len(ids)
+        return True
+
+    def insert_messages(self, new: list[dict[str, Any]], generated_ids: list[int]) -> bool:
+        """Render `new` as a template delta after the last generation, tokenize once, append masked."""
+        if not self.insert_ids(self.chat.delta_ids(new, generated_ids)):
+            return False
+        self.messages.extend(new)
+        return True
+
+    async def finish(self, final_text: str) -> Trajectory:
+        s, ctx = self.sample, self.ctx
+        reward, extra = await score(ctx.reward_fn, final_text=final_text, ground_truth=s.ground_truth,
+                                    extra_info=s.extra_info, tool_rewards=list(self.tool_rewards),
+                                    turn_rewards=list(self.turn_rewards))
+        metrics = {k: float(v) for k, v in self.metrics.items()}
+        metrics.update({f"reward/{k}": v for k, v in extra.items()})
+        metrics.update(assistant_turns=float(self.assistant_turns), user_turns=float(self.user_turns),
+                       response_tokens=float(len(self.builder.response_ids)))
+        return self.builder.build(
+            uid=s.uid, group_id=s.group_id, group_size=s.group_size, env=ctx.env_name, agent=self.agent,
+            reward=reward, turn_rewards=[float(r) for r in self.turn_rewards],
+            num_turns=self.assistant_turns + self.user_turns, finish_reason=self.finish_reason, metrics=metrics,
+            messages=self.messages, data_index=s.data_index, sample_index=s.sample_index)
+
+
+class InteractionSession:
+    """The row's interaction (extra_info.interaction_kwargs.name) for one episode, or none."""
+
+    def __init__(self, sample: Sample, ctx: AgentContext):
+        kw = sample.interaction_kwargs
+        self.kwargs = dict(kw or {})
+        self.obj = ctx.make_interaction(str(self.kwargs["name"])) if kw and kw.get("name") else None
+        self.instance_id = sample.uid
+        self._started = False
+        if self.obj is not None:
+            self.kwargs.setdefault("ground_truth", sample.ground_truth)
+
+    def __bool__(self) -> bool:
+        return self.obj is not None
+
+    async def respond(self, messages: list[dict[str, Any]]) -> tuple[bool, str, float, dict[str, Any]]:
+        if not self._started:
+            got = await self.obj.start(self.instance_id, **self.kwargs)
+            self.instance_id = got if isinstance(got, str) and got else self.instance_id
+            self._started = True
+        done, text, sc, extra = await self.obj.respond(self.instance_id, messages)
+        return bool(done), str(text), float(sc), dict(extra or {})
+
+    async def close(self) -> None:
+        if self.obj is not None and self._started:
+            await self.obj.finish(self.instance_id)
+
+
+def resolve_agent(name: str) -> AgentLoop:
+    obj = registry.get("agent", name)
+    return obj() if isinstance(obj, type) else obj
+
+
+async def run_episode(sample: Sample, ctx: AgentContext, default_agent: str) -> Trajectory:
+    """Run the row's agent loop (sample.agent_name, else `default_agent`). Model and tool misbehaviour
+    ends up in the trajectory; anything else (engine down, a bug) propagates to the caller."""
+    name = sample.agent_name or default_agent
+    traj = await resolve_agent(name).run(sample, ctx)
+    if not isinstance(traj, Trajectory):
+        raise TypeError(f"agent {name!r} returned {type(traj).__name__}, expected a Trajectory")
+    return traj.validate()

@@ -1,0 +1,89 @@
+"""agent `tool_agent`: multi-turn tool calling in the model's chat format.
+
+    loop:
+      generate (max_new_tokens = min(max_turn_tokens, remaining budget))
+      parse tool calls (AgentConfig.tool_parser; hermes `<tool_call>{...}</tool_call>` by default)
+      calls      -> run them (ToolRunner: bounded parallelism, per-call timeout, errors as text),
+                    append one `tool` message per call as a masked template delta, repeat
+      no call    -> with an interaction (extra_info.interaction_kwargs.name): its score is a turn
+                    reward; unless it is done, its text is a masked user turn, repeat;
+                    without one: stop
+    ends on: no call ("stop"), the interaction done ("stop"), max_assistant_turns / max_user_turns
+    while more was wanted ("max_turns"), the token budget ("length"), max_consecutive_invalid_calls
+    invalid calls in a row ("invalid_calls"), an engine abort ("abort"), or a generation cut by its
+    token limit without a call ("length").
+The reward function scores the last assistant message's text.
+"""
+
+from __future__ import annotations
+
+from asyncrl.env_api import Sample
+from asyncrl.registry import register
+from asyncrl.schema import Trajectory
+
+from .base import AgentContext, AgentLoop, Episode, InteractionSession
+from .chat import ChatFormat
+from .parsers import get_parser
+from .tool_runner import ToolRunner
+
+
+@register("agent", "tool_agent")
+class ToolAgent(AgentLoop):
+    name = "tool_agent"
+
+    async def run(self, sample: Sample, ctx: AgentContext) -> Trajectory:
+        cfg = ctx.cfg
+        chat = ChatFormat(ctx.tokenizer, tools=ctx.tool_schemas(), system_prompt=cfg.system_prompt)
+        ep = Episode(sample, ctx, self.name, chat, chat.prompt_messages(sample.messages))
+        parser = get_parser(cfg.tool_parser)
+        runner = ToolRunner(ctx.tools(), sample.uid, sample.tools_kwargs, cfg, ctx.tokenizer, ep.metrics)
+        interaction = InteractionSession(sample, ctx)
+        consecutive_invalid, final_text = 0, ""
+        try:
+            while True:
+                out = await ep.generate()
+                if out is None:
+                    break
+                text = ep.decode(out.output_ids)
+                final_text = text
+                ep.messages.append({"role": "assistant", "content": text})
+                if out.finish_reason == "abort":
+                    ep.finish_reason = "abort"
+                    break
+                calls = parser.parse(text).calls
+                if calls:
+                    outcomes = await runner.run(calls)
+                    ep.tool_rewards = list(runner.rewards)
+                    for o in outcomes:
+                        consecutive_invalid = consecutive_invalid + 1 if o.invalid else 0
+                    if consecutive_invalid >= cfg.max_consecutive_invalid_calls:
+                        ep.finish_reason = "invalid_calls"
+                        break
+                    if ep.assistant_turns >= cfg.max_assistant_turns:
+                        ep.finish_reason = "max_turns"
+                        break
+                    replies = [{"role": "tool", "name": o.name, "content": o.text} for o in outcomes]
+                    if not ep.insert_messages(replies, out.output_ids):
+                        break
+                    continue
+                if out.finish_reason == "length":
+                    ep.finish_reason = "length"
+                    break
+                if not interaction:
+                    ep.finish_reason = "stop"
+                    break
+                done, reply, turn_score, _ = await interaction.respond(ep.messages)
+                ep.turn_rewards.append(turn_score)
+                if done:
+                    ep.finish_reason = "stop"
+                    break
+                if ep.user_turns >= cfg.max_user_turns or ep.assistant_turns >= cfg.max_assistant_turns:
+                    ep.finish_reason = "max_turns"
+                    break
+                if not ep.insert_messages([{"role": "user", "content": reply}], out.output_ids):
+                    break
+                ep.user_turns += 1
+        finally:
+            await runner.close()
+            await interaction.close()
+        return await ep.finish(final_text)
