@@ -32,6 +32,11 @@ class BM25Index:
         self._unknown = self._tok.get_vocab_dict().get("", None)
         self._lock = threading.Lock()
 
+    @property
+    def busy(self) -> bool:
+        """True while a search runs (another caller would wait for it)."""
+        return self._lock.locked()
+
     def __len__(self) -> int:
         return len(self.docs)
 

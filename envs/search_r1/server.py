@@ -26,10 +26,11 @@ from typing import Any, Optional
 
 READY_PREFIX = "asyncrl-retriever listening on "
 MAX_QUERIES = 4096
+INLINE_QUERIES = 4
 
 
 def create_app(index: Any):
-    """A FastAPI app serving `index` (anything with .search(queries, topk), len() and .method).
+    """A FastAPI app serving `index` (anything with .search(queries, topk), .busy, len() and .method).
 
     (No `from __future__ import annotations` in this module: FastAPI must see the real `Request` type.)"""
     from fastapi import FastAPI, Request
@@ -63,7 +64,10 @@ def create_app(index: Any):
         if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
             return bad(f"'topk' must be an integer >= 1, got {topk!r}")
         return_scores = body.get("return_scores", True)
-        result = await run_in_threadpool(index.search, queries, topk) if queries else []
+        if len(queries) <= INLINE_QUERIES and not index.busy:  # ~1 ms each: cheaper than a thread hand-off
+            result = index.search(queries, topk) if queries else []
+        else:  # big batches go to a worker thread so /health and small requests stay responsive
+            result = await run_in_threadpool(index.search, queries, topk)
         if not return_scores:
             result = [[hit["document"] for hit in hits] for hits in result]
         return {"result": result}
@@ -83,6 +87,9 @@ def serve(corpus: str, *, host: str = "127.0.0.1", port: int = 0, method: str = 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted sockets inherit this on Linux. Without it a server handed a pre-bound socket answers
+    # each request ~40 ms late (Nagle + delayed ACK): measured 46 ms vs 5 ms per GET on loopback.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     sock.listen(128)
     bound = sock.getsockname()[1]

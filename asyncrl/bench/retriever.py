@@ -1,0 +1,107 @@
+"""Retrieval server throughput and retrieval quality on the synthetic Search-R1 corpus.
+
+Starts the real server (`asyncrl retriever serve`, BM25) over a generated world and measures, over
+HTTP on loopback:
+  - baseline: one query per request, one request at a time (queries per second);
+  - concurrent: one query per request, `--concurrency` requests in flight (httpx.AsyncClient);
+  - batched: `--batch` queries per request, one request at a time.
+Ratios are against the baseline. Quality: for every question, whether its first-hop document
+(the entity named in the question) is in the top-k hits for the question text itself (hit@k), and
+whether the second-hop document is in the top-k for the bridge entity's name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--questions", type=int, default=4096, help="world size, in questions")
+    parser.add_argument("--requests", type=int, default=400, help="queries per measured mode")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--topk", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _title(hit: dict[str, Any]) -> str:
+    return hit["document"]["contents"].split("\n", 1)[0]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+
+    from asyncrl.envs.search_r1.corpus import make_world, write_corpus
+    from asyncrl.envs.search_r1.server import start_retriever
+
+    world = make_world(args.seed, args.questions)
+    questions = world.questions()
+    queries = [q.question for q in questions]
+    n = min(args.requests, len(queries))
+    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-retriever-") as tmp:
+        corpus = write_corpus(world.documents(), Path(tmp) / "corpus.jsonl")
+        t0 = time.perf_counter()
+        proc = start_retriever(corpus, log_dir=tmp)
+        startup_s = time.perf_counter() - t0
+        try:
+            url, k = proc.retrieve_url, args.topk
+            with httpx.Client(timeout=60) as client:
+                client.post(url, json={"queries": queries[:8], "topk": k})  # warm up
+                t0 = time.perf_counter()
+                for q in queries[:n]:
+                    client.post(url, json={"queries": [q], "topk": k}).raise_for_status()
+                base_qps = n / (time.perf_counter() - t0)
+
+                t0 = time.perf_counter()
+                for i in range(0, n, args.batch):
+                    client.post(url, json={"queries": queries[i:i + args.batch], "topk": k}).raise_for_status()
+                batched_qps = n / (time.perf_counter() - t0)
+
+                def search_all(qs: list[str]) -> list[list[dict[str, Any]]]:
+                    out: list[list[dict[str, Any]]] = []
+                    for i in range(0, len(qs), 1024):
+                        r = client.post(url, json={"queries": qs[i:i + 1024], "topk": k})
+                        r.raise_for_status()
+                        out.extend(r.json()["result"])
+                    return out
+
+                hits = search_all(queries)
+                bridge = search_all([q.hops[1] for q in questions])
+
+            async def concurrent() -> float:
+                sem = asyncio.Semaphore(args.concurrency)
+                async with httpx.AsyncClient(timeout=60) as ac:
+                    async def one(q: str) -> None:
+                        async with sem:
+                            (await ac.post(url, json={"queries": [q], "topk": k})).raise_for_status()
+
+                    t = time.perf_counter()
+                    await asyncio.gather(*(one(q) for q in queries[:n]))
+                    return n / (time.perf_counter() - t)
+
+            conc_qps = asyncio.run(concurrent())
+        finally:
+            proc.stop()
+    first_hop = sum(q.hops[0] in {_title(h) for h in hs} for q, hs in zip(questions, hits)) / len(questions)
+    second_hop = sum(q.hops[1] in {_title(h) for h in hs} for q, hs in zip(questions, bridge)) / len(questions)
+    return {
+        "documents": len(world.documents()),
+        "queries_per_mode": n,
+        "topk": args.topk,
+        "server_startup_s": round(startup_s, 3),
+        "baseline": "one query per request, sequential",
+        "baseline_qps": round(base_qps, 1),
+        "concurrent_qps": round(conc_qps, 1),
+        "batched_qps": round(batched_qps, 1),
+        "concurrent_vs_baseline": round(conc_qps / base_qps, 2),
+        "batched_vs_baseline": round(batched_qps / base_qps, 2),
+        "concurrency": args.concurrency,
+        "batch": args.batch,
+        "question_hit_at_k_first_hop": round(first_hop, 3),
+        "bridge_hit_at_k_second_hop": round(second_hop, 3),
+    }
