@@ -1,0 +1,81 @@
+"""Micro-batch planning and layout; packed rows score exactly like separate forwards (real tiny model)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asyncrl.engine.sampling import token_logprobs
+from asyncrl.learner.packing import SeqSpec, build_micro_batch, plan_micro_batches, scatter_rows
+
+
+def test_plan_packed_first_fit_decreasing():
+    # lengths 5,3,8,2 budget 8: [8] | [5,3] | [2]
+    assert plan_micro_batches([5, 3, 8, 2], 8, packing=True) == [[2], [0, 1], [3]]
+    assert plan_micro_batches([5, 3, 8, 2], 100, packing=True) == [[0, 1, 2, 3]]
+    assert plan_micro_batches([20, 3], 8, packing=True) == [[0], [1]]  # too long: alone
+
+
+def test_plan_padded_counts_padding_against_the_budget():
+    assert plan_micro_batches([5, 3, 8, 2], 8, packing=False) == [[0], [1], [2], [3]]
+    assert plan_micro_batches([5, 3, 8, 2], 12, packing=False) == [[0, 1], [2], [3]]  # 2 x 5 fits, 3 x 8 does not
+    with pytest.raises(ValueError, match="micro_batch_tokens"):
+        plan_micro_batches([1], 0, packing=True)
+
+
+def _seqs():
+    mk = lambda ids, p, m: SeqSpec(torch.tensor(ids), p, torch.tensor(m, dtype=torch.bool))  # noqa: E731
+    return [mk([11, 12, 13, 14, 15], 2, [1, 0, 1]), mk([21, 22, 23], 1, [1, 1])]
+
+
+def test_packed_layout_positions_and_targets():
+    mb = build_micro_batch(_seqs(), [4, 7], packing=True)
+    assert mb.input_ids.tolist() == [[11, 12, 13, 14, 15, 21, 22, 23]]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2]]
+    assert mb.attention_mask is None
+    # seq 0 (P=2): response tokens 13 (pos 1 predicts), 14 (masked), 15 (pos 3); seq 1 (P=1): 22 (pos 5), 23 (pos 6)
+    assert mb.keep.nonzero()[:, 1].tolist() == [1, 3, 5, 6]
+    assert mb.targets.tolist() == [13, 15, 22, 23]
+    assert mb.out_row.tolist() == [0, 0, 1, 1] and mb.out_col.tolist() == [0, 2, 0, 1]
+    rows = scatter_rows(torch.tensor([1.0, 2.0, 3.0, 4.0]), mb)
+    assert rows.tolist() == [[1.0, 0.0, 2.0], [3.0, 4.0, 0.0]]
+
+
+def test_padded_layout():
+    mb = build_micro_batch(_seqs(), [0, 1], packing=False, pad_id=0)
+    assert mb.input_ids.tolist() == [[11, 12, 13, 14, 15], [21, 22, 23, 0, 0]]
+    assert mb.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+    assert mb.targets.tolist() == [13, 15, 22, 23]
+    assert mb.compute_tokens == 10 and mb.num_tokens == 8
+
+
+def test_seq_spec_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="prompt_len=0"):
+        SeqSpec(torch.tensor([1, 2]), 0, torch.tensor([True, True]))
+    with pytest.raises(ValueError, match="loss_mask has 1 entries, the response has 2"):
+        SeqSpec(torch.tensor([1, 2, 3]), 1, torch.tensor([True]))
+
+
+@pytest.mark.timeout(120)
+def test_packed_and_padded_rows_score_like_separate_forwards(tiny_model_dir):
+    """Token by token: logprob of response token i comes from position P + i - 1 of its own sequence."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(0)
+    seqs = []
+    for n, p in [(9, 3), (5, 1), (12, 6), (2, 1)]:
+        m = torch.rand(n - p, generator=g) > 0.25
+        seqs.append(SeqSpec(torch.randint(5, 3000, (n,), generator=g), p, m))
+    with torch.no_grad():
+        ref = [model(input_ids=s.input_ids[None]).logits[0] for s in seqs]
+        for packing in (True, False):
+            mb = build_micro_batch(seqs, list(range(4)), packing)
+            out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask,
+                        use_cache=False, logits_to_keep=mb.keep).logits.reshape(-1, model.config.vocab_size)
+            got = scatter_rows(token_logprobs(out, mb.targets, 0.7), mb)
+            for n, s in enumerate(seqs):
+                for i in range(s.loss_mask.numel()):
+                    tok = s.input_ids[s.prompt_len + i]
+                    want = token_logprobs(ref[n][s.prompt_len + i - 1], tok, 0.7) if s.loss_mask[i] else torch.tensor(0.0)
+                    assert abs(got[n, i].item() - want.item()) < 1e-5, (packing, n, i, got[n, i], want)
