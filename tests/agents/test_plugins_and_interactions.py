@@ -1,0 +1,129 @@
+"""A user's tool from a .py file, verl-shaped tool YAML, and the answer_feedback interaction."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from asyncrl import registry
+from asyncrl.agents.base import run_episode
+from asyncrl.envs.interactions import AnswerFeedback, answers_match, extract_answer
+from asyncrl.tools.loader import ToolConfigError, load_tool_specs, make_tools
+
+from .helpers import call, enc, make_ctx, make_sample
+from .scripted_engine import ScriptedEngine
+
+pytestmark = pytest.mark.timeout(60)
+
+USER_TOOL = textwrap.dedent('''
+    from asyncrl.registry import register
+    from asyncrl.tools.base import Tool
+
+    @register("tool", "reverse_words_user")
+    class ReverseWords(Tool):
+        name = "reverse_words"
+        description = "Reverse the order of words."
+        parameters = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+        created = []
+        released = []
+
+        async def create(self, instance_id, **kw):
+            self.created.append((instance_id, kw))
+            return instance_id
+
+        async def execute(self, instance_id, params):
+            return " ".join(reversed(params["text"].split())), 0.25, {}
+
+        async def release(self, instance_id):
+            self.released.append(instance_id)
+''')
+
+
+async def test_user_tool_file_loaded_as_plugin_and_called(tokenizer, tmp_path):
+    path = tmp_path / "my_tool.py"
+    path.write_text(USER_TOOL)
+    registry.load_source(str(path))
+    try:
+        cls = registry.get("tool", "reverse_words_user")
+        engine = ScriptedEngine(tokenizer, [call("reverse_words", {"text": "a b c"}), "Answer: 17"])
+        ctx, reward = make_ctx(tokenizer, engine, tools=[{"class_name": "reverse_words_user"}])
+        sample = make_sample(extra_info={"tools_kwargs": {"reverse_words": {"create_kwargs": {"seed": 3}}}})
+        traj = await run_episode(sample, ctx, "tool_agent")
+        d = enc(tokenizer, "\n<|im_start|>tool\nc b a<|im_end|>\n<|im_start|>assistant\n")
+        assert traj.response_ids.numpy().tolist() == engine.script[0] + d + engine.script[1]
+        assert cls.created == [("g0-0", {"seed": 3})] and cls.released == ["g0-0"]
+        assert reward.calls[0]["tool_rewards"] == [0.25]
+        assert '"name": "reverse_words"' in tokenizer.decode(traj.prompt_ids.numpy().tolist())
+    finally:
+        registry.unregister("tool", "reverse_words_user")
+
+
+VERL_YAML = textwrap.dedent('''
+    tools:
+      - class_name: "asyncrl.tools.calculator.Calculator"
+        config:
+          type: native
+          max_exponent: 3
+        tool_schema:
+          type: "function"
+          function:
+            name: "calc"
+            description: "A calculator."
+            parameters:
+              type: "object"
+              properties:
+                expression:
+                  type: "string"
+                  description: "arithmetic"
+              required: ["expression"]
+''')
+
+
+async def test_verl_tool_yaml_loads_and_runs(tokenizer, tmp_path):
+    path = tmp_path / "tools.yaml"
+    path.write_text(VERL_YAML)
+    specs = load_tool_specs([], str(path))
+    assert [s.tool_schema["function"]["name"] for s in specs] == ["calc"] and specs[0].config["type"] == "native"
+    engine = ScriptedEngine(tokenizer, [call("calc", {"expression": "2**3"}) + call("calc", {"expression": "2**4"}), "Answer: 8"])
+    ctx, _ = make_ctx(tokenizer, engine, tools=[], tools_config=str(path))
+    traj = await run_episode(make_sample(ground_truth="8"), ctx, "tool_agent")
+    assert [m["content"] for m in traj.messages if m["role"] == "tool"] == [
+        "8", "Error: exponent 4 out of bounds (|exponent| <= 3)"]
+    assert traj.metrics["tool_error"] == 1 and traj.reward == 1.0
+
+
+def test_tool_config_errors_name_the_problem(tmp_path):
+    with pytest.raises(LookupError, match="unknown tool 'calculater'"):
+        load_tool_specs(["calculater"])
+    with pytest.raises(ToolConfigError, match="duplicate tool name 'calculator'"):
+        load_tool_specs(["calculator", {"class_name": "calculator"}])
+    with pytest.raises(ToolConfigError, match=r"env.tools\[0\]: unknown keys \['schema'\]"):
+        load_tool_specs([{"class_name": "calculator", "schema": {}}])
+    with pytest.raises(ToolConfigError, match="not found"):
+        load_tool_specs([], str(tmp_path / "missing.yaml"))
+    with pytest.raises(ToolConfigError, match="unknown keys"):
+        make_tools(load_tool_specs([{"class_name": "python", "config": {"timeout": 3}}]))
+    tools = make_tools(load_tool_specs(["search"]), {"search": {"url": "http://127.0.0.1:1"}})
+    assert tools["search"].config["url"] == "http://127.0.0.1:1"
+
+
+def test_answer_extraction_and_comparison():
+    assert extract_answer("so 3 + 4 = 7.\nAnswer: 1,234 apples") == "1,234 apples"
+    assert extract_answer("the total is 12 then 15.") == "15"
+    assert extract_answer("no number") is None
+    assert answers_match("1,234 apples", 1234) and answers_match("$17.0", "17") and not answers_match("16", "17")
+    assert answers_match("Paris.", "paris") and not answers_match("Paris", "London")
+    assert not answers_match("17", "17.5", compare="numeric") and answers_match("seventeen", "Seventeen", "string")
+
+
+async def test_answer_feedback_counts_attempts():
+    it = AnswerFeedback({"max_attempts": 2})
+    await it.start("i", ground_truth="17")
+    done, text, score, extra = await it.respond("i", [{"role": "assistant", "content": "Answer: 16"}])
+    assert (done, score, extra) == (False, 0.0, {"attempts": 1}) and "16 is incorrect" in text
+    done, text, score, _ = await it.respond("i", [{"role": "assistant", "content": "Answer: 15"}])
+    assert (done, text, score) == (True, "Incorrect.", 0.0)
+    await it.finish("i")
+    await it.start("j", ground_truth="17")
+    assert (await it.respond("j", [{"role": "assistant", "content": "It is 17"}]))[:3] == (True, "Correct.", 1.0)

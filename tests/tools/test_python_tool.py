@@ -1,0 +1,96 @@
+"""python tool: limits enforced on real subprocesses (CPU, memory, wall clock, network, files, output)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+
+import pytest
+
+from asyncrl.tools.python import PythonTool, netns_available
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def tool():
+    t = PythonTool({"timeout_s": 3, "cpu_seconds": 1, "memory_mb": 256, "max_output_bytes": 2000})
+    await t.create("ep")
+    yield t
+    await t.release("ep")
+
+
+async def test_runs_code_and_keeps_files_between_calls(tool):
+    text, reward, m = await tool.execute("ep", {"code": "open('n.txt', 'w').write(str(6 * 7))\nprint('ok')"})
+    assert (text, reward, m["exit_code"]) == ("ok\n", 0.0, 0.0)
+    text, _, _ = await tool.execute("ep", {"code": "print(open('n.txt').read())"})
+    assert text == "42\n"
+    wd = tool.workdir("ep")
+    assert os.path.isfile(os.path.join(wd, "n.txt"))
+    await tool.release("ep")
+    assert not os.path.exists(wd)
+
+
+async def test_infinite_loop_is_killed_by_cpu_limit():
+    tool = PythonTool({"timeout_s": 45, "cpu_seconds": 1})  # a generous wall clock: the CPU limit must act
+    text, _, m = await tool.execute("ep", {"code": "while True:\n    pass"})
+    await tool.release("ep")
+    assert text == "[killed by SIGXCPU: CPU time limit exceeded]" and m["exit_code"] == -24.0 and m["timed_out"] == 0.0
+
+
+async def test_sleeping_code_is_killed_by_wall_clock(tool):
+    text, _, m = await tool.execute("ep", {"code": "import time\nprint('start', flush=True)\ntime.sleep(60)"})
+    assert text == "start\n[killed: wall-clock limit of 3 s exceeded]" and m["timed_out"] == 1.0
+
+
+async def test_memory_bomb_is_stopped(tool):
+    text, _, m = await tool.execute("ep", {"code": "a = []\nwhile True:\n    a.append(bytearray(50 * 2**20))"})
+    assert "MemoryError" in text and m["exit_code"] == 1.0 and m["timed_out"] == 0.0
+
+
+async def test_network_is_refused(tool):
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(srv.accept()), daemon=True).start()
+    code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')"
+    try:
+        text, _, m = await tool.execute("ep", {"code": code})
+        assert "connected" not in text and m["exit_code"] == 1.0
+        assert "network access is disabled" in text or "Network is unreachable" in text or "refused" in text
+        # without the namespace, the audit hook alone refuses it
+        bare = PythonTool({"network_namespace": False})
+        text, _, _ = await bare.execute("x", {"code": code})
+        await bare.release("x")
+        assert "PermissionError: network access is disabled in this sandbox" in text
+        assert accepted == []
+    finally:
+        srv.close()
+
+
+async def test_writes_stay_in_the_working_directory(tool, tmp_path):
+    target = tmp_path / f"escape-{uuid.uuid4().hex}"
+    code = f"open({str(target)!r}, 'w').write('x')"
+    text, _, _ = await tool.execute("ep", {"code": code})
+    assert "writing outside the working directory is not allowed" in text and not target.exists()
+    text, _, _ = await tool.execute("ep", {"code": f"import os\nos.remove({str(tmp_path)!r})"})
+    assert "os.remove outside the working directory is not allowed" in text and tmp_path.exists()
+    text, _, _ = await tool.execute("ep", {"code": "import subprocess\nsubprocess.run(['true'])"})
+    assert "subprocess.Popen is not allowed" in text
+    text, _, _ = await tool.execute("ep", {"code": "import tempfile, os\nf = tempfile.NamedTemporaryFile(delete=False)\n"
+                                                   "print(os.path.dirname(f.name) == os.getcwd())"})
+    assert text == "True\n"
+
+
+async def test_output_is_capped(tool):
+    text, _, m = await tool.execute("ep", {"code": "while True:\n    print('y' * 100)"})
+    assert text.endswith("[killed: output exceeded 2000 bytes]") and m["output_capped"] == 1.0
+    assert len(text) < 2100
+
+
+def test_netns_probe_is_a_bool():
+    assert netns_available() in (True, False)
