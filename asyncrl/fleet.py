@@ -135,7 +135,9 @@ class Fleet:
     def sync_weights(self) -> dict[str, float]:
         stats = ray.get([lrn.sync_weights.remote(self.version) for lrn in self.learners])[0]
         ray.get(self.buffer.set_version.remote(self.version))
-        ray.get([w.set_version.remote(self.version) for w in self.workers])
+        refs = [w.set_version.remote(self.version) for w in self.workers]
+        if _quietly(lambda: ray.get(refs, timeout=self.HEALTH_TIMEOUT_S)) is None:
+            self.check_health()  # a worker is gone: its replacement starts at self.version
         return stats
 
     # ------------------------------------------------------------------ health

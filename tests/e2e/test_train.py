@@ -1,0 +1,125 @@
+"""End-to-end `asyncrl train` on a tiny model: real Ray actors, engine server, buffer, learner.
+
+Each run is a real `asyncrl train` subprocess; the checks read what it wrote (metrics.jsonl,
+trained_uids.jsonl, checkpoints) rather than trusting its exit code alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncrl.metrics import read_metrics
+
+pytestmark = [pytest.mark.timeout(420)]
+
+
+def _overrides(model_dir: Path, out: Path, **extra: object) -> list[str]:
+    base = {
+        "model": "custom", "model.path": str(model_dir), "trainer.output_dir": str(out),
+        "trainer.total_steps": 3, "trainer.batch_groups": 2, "algorithm.n_samples": 2,
+        "algorithm.max_staleness": 1, "algorithm.lr": 1e-3, "agent.max_turn_tokens": 12,
+        "agent.max_response_tokens": 40, "agent.max_assistant_turns": 2, "env.num_train": 64,
+        "env.num_val": 4, "trainer.wandb": "off", "trainer.progress": False, "engine.max_running_seqs": 8,
+        "algorithm.micro_batch_tokens": 2048, "ray.num_cpus": 4,
+    }
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+def _train(args: list[str], *, wait: bool = True, **kw) -> subprocess.Popen | subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "asyncrl.cli", "train", *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_DEDUP_LOGS": "0"}
+    if wait:
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True, **kw)
+
+
+def _trained(out: Path) -> list[dict]:
+    with open(out / "trained_uids.jsonl") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _check_run(out: Path, steps: int, max_staleness: int) -> list[dict]:
+    recs = [r for r in read_metrics(out / "metrics.jsonl") if "train/reward_mean" in r]
+    assert [r["step"] for r in recs] == list(range(1, steps + 1))
+    assert [r["version"] for r in recs] == list(range(1, steps + 1))  # one version per step
+    for r in recs:
+        assert r["train/staleness_max"] <= max_staleness
+        assert r["train/num_trajectories"] == 4  # 2 groups x 2 samples
+    assert (out / "checkpoints" / f"step_{steps:06d}").is_dir()
+    assert (out / "final" / "config.json").is_file()
+    dumped = list(out.glob("trajectories-w*.jsonl"))
+    assert dumped and sum(1 for _ in open(dumped[0])) >= 4
+    uids = [u for rec in _trained(out) for u in rec["uids"]]
+    assert len(uids) == len(set(uids)) == 4 * steps  # nothing trained twice
+    return recs
+
+
+def test_async_run_survives_a_killed_rollout_worker(tiny_model_dir, tmp_path):
+    out = tmp_path / "async"
+    proc = _train(_overrides(tiny_model_dir, out, **{"trainer.total_steps": 4}), wait=False)
+    try:
+        metrics = out / "metrics.jsonl"
+        deadline = time.time() + 300
+        while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
+            time.sleep(0.5)
+        assert metrics.exists(), "no step finished"
+        killed = subprocess.run(["pkill", "-9", "-f", "ray::RolloutActor"], capture_output=True)
+        assert killed.returncode == 0, "no rollout worker process found to kill"
+        log, _ = proc.communicate(timeout=360)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, log[-4000:]
+    recs = _check_run(out, 4, max_staleness=1)
+    assert recs[-1]["faults/worker_restarts"] >= 1
+
+
+def test_sync_baseline_runs_on_the_same_components(tiny_model_dir, tmp_path):
+    out = tmp_path / "sync"
+    res = _train(_overrides(tiny_model_dir, out, **{"trainer.mode": "sync"}))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    recs = _check_run(out, 3, max_staleness=0)
+    assert all(r["train/staleness_max"] == 0 for r in recs)
+
+
+def test_resume_trains_only_untrained_batches_and_loses_none(tiny_model_dir, tmp_path):
+    out = tmp_path / "resume"
+    args = _overrides(tiny_model_dir, out, **{"trainer.total_steps": 8, "trainer.checkpoint_every": 2,
+                                               "trainer.keep_checkpoints": 5})
+    proc = _train(args, wait=False)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline:  # kill once step 3 is trained: after checkpoint 2, before 4
+            if (out / "trained_uids.jsonl").exists() and len(_trained(out)) >= 3:
+                break
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    subprocess.run(["ray", "stop", "--force"], capture_output=True)
+    first = _trained(out)
+    ckpts = sorted(p.name for p in (out / "checkpoints").glob("step_*"))
+    assert ckpts and ckpts[-1] == "step_000002", ckpts
+    committed = {u for rec in first if rec["step"] <= 2 for u in rec["uids"]}
+    lost = {u for rec in first if rec["step"] > 2 for u in rec["uids"]}  # trained but not checkpointed
+    assert len(committed) == 8 and lost
+
+    res = _train([*args, "trainer.resume=auto", "trainer.total_steps=5"])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    after = [u for rec in _trained(out)[len(first):] for u in rec["uids"]]
+    assert [rec["step"] for rec in _trained(out)[len(first):]] == [3, 4, 5]
+    assert not committed & set(after), "a batch committed with checkpoint 2 was trained again"
+    assert len(after) == len(set(after))
+    assert lost <= set(after), "a batch trained after the checkpoint was not served again after resume"
