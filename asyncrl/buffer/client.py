@@ -90,9 +90,11 @@ class AsyncBufferProducer:
             req_id = next(self._ids)
             fut = asyncio.get_running_loop().create_future()
             self._waiting[req_id] = fut
-            await self._sock.send_multipart([req_id, op, body])
-            try:
-                status, reply = await asyncio.wait_for(fut, self.timeout_s)
+            try:  # the send itself can wait (no peer connected yet): bounded by the same timeout
+                t0 = time.monotonic()
+                await asyncio.wait_for(self._sock.send_multipart([req_id, op, body]), self.timeout_s)
+                left = max(0.0, self.timeout_s - (time.monotonic() - t0))
+                status, reply = await asyncio.wait_for(fut, left)
             except asyncio.TimeoutError:
                 self._waiting.pop(req_id, None)
                 attempts += 1
@@ -153,6 +155,7 @@ class BufferConsumer:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))  # never block forever on a send
         _curve(self._sock, curve_server_public)
         self._sock.connect(address)
         self._ids = _ids()
@@ -172,10 +175,18 @@ class BufferConsumer:
             if frames[1] == P.BATCH:  # a batch for a GET we gave up on: keep it, it was served
                 self._late_batches.append(frames[2])
 
+    def _send(self, frames: list[bytes]) -> bool:
+        try:
+            self._sock.send_multipart(frames)
+            return True
+        except zmq.Again:  # no connected peer within SNDTIMEO
+            return False
+
     def _call(self, op: bytes, body: bytes = b"") -> tuple[bytes, bytes]:
         for _ in range(self.REQUEST_TRIES):
             req_id = next(self._ids)
-            self._sock.send_multipart([req_id, op, body])
+            if not self._send([req_id, op, body]):
+                continue
             got = self._wait_reply(req_id, time.monotonic() + self.timeout_s)
             if got is None:
                 continue
@@ -193,7 +204,8 @@ class BufferConsumer:
             return self._dec.decode(self._late_batches.pop(0))
         req_id = next(self._ids)
         body = P.pack(P.GetRequest(n_groups, current_version, max_staleness, int(timeout_s * 1000)))
-        self._sock.send_multipart([req_id, P.GET, body])
+        if not self._send([req_id, P.GET, body]):
+            return None
         got = self._wait_reply(req_id, time.monotonic() + timeout_s + self.GRACE_S)
         if got is None:
             return None

@@ -1,0 +1,100 @@
+"""Helpers for the buffer tests: trajectory factory, an in-process service, a subprocess service."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from asyncrl.buffer.server import BufferService
+from asyncrl.config import BufferConfig
+from asyncrl.schema import make_trajectory
+
+
+def traj(uid: str, group_id: str, version: int = 0, group_size: int = 1, n: int = 4, reward: float = 1.0,
+         versions=None, loss_mask=None):
+    """A small valid trajectory: prompt [1..3], response 100+i, generated tokens at `version`."""
+    versions = versions if versions is not None else [version] * n
+    loss_mask = loss_mask if loss_mask is not None else [1] * len(versions)
+    r = len(versions)
+    return make_trajectory(uid=uid, group_id=group_id, group_size=group_size, prompt_ids=[1, 2, 3],
+                           response_ids=[100 + i for i in range(r)], loss_mask=loss_mask,
+                           behavior_logprobs=[-0.5 * (i + 1) for i in range(r)], versions=versions,
+                           reward=reward)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def service(tmp_path):
+    """Factory: start a BufferService on a WAL dir (default tmp_path/wal); all are stopped at teardown."""
+    started = []
+
+    def make(wal_dir=None, **cfg_kw):
+        svc = BufferService(BufferConfig(**cfg_kw), wal_dir or tmp_path / "wal")
+        svc.start()
+        started.append(svc)
+        return svc
+
+    yield make
+    for s in started:
+        s.stop()
+
+
+class BufferProcess:
+    """`asyncrl buffer` in a real subprocess (python -m asyncrl.cli buffer ...)."""
+
+    def __init__(self, wal_dir, port: int, fsync: str = "batched"):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncrl.cli", "buffer", "--wal-dir", str(wal_dir), "--port", str(port),
+             "--fsync", fsync], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("BUFFER_ADDRESS "):
+            self.proc.kill()
+            raise RuntimeError(f"buffer subprocess did not start: {line!r}")
+        self.address = line.split()[1]
+
+    def kill9(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def buffer_process():
+    procs = []
+
+    def make(wal_dir, port, fsync="batched"):
+        p = BufferProcess(wal_dir, port, fsync)
+        procs.append(p)
+        return p
+
+    yield make
+    for p in procs:
+        p.terminate()
+
+
+def wait_until(pred, timeout=5.0):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False

@@ -1,0 +1,48 @@
+"""BufferActor: the service inside a real Ray actor, driven the way the controller drives it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer
+from asyncrl.config import BufferConfig
+
+from .conftest import traj
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.mark.timeout(180)
+def test_buffer_actor_serves_and_reports(tmp_path):
+    from asyncrl.buffer.actor import BufferActor
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        actor = BufferActor.remote(BufferConfig(), str(tmp_path / "wal"))
+        addr = ray.get(actor.address.remote())
+        assert addr.startswith("tcp://127.0.0.1:")
+
+        async def produce():
+            p = AsyncBufferProducer(addr)
+            await p.put(traj("r0", "R", version=1, group_size=2))
+            await p.put(traj("r1", "R", version=3, group_size=2))
+            await p.close()
+
+        asyncio.run(produce())
+        ray.get(actor.set_version.remote(4))
+        st = ray.get(actor.stats.remote())
+        assert (st["version"], st["size"], st["groups_complete"], st["age_versions_max"]) == (4, 2, 1, 3)
+        c = BufferConsumer(addr)
+        b = c.get_batch(1, current_version=4, max_staleness=2, timeout_s=5)  # r0 (v1 < 2) is stale
+        c.close()
+        assert [(t.uid, g.failed) for g in b.groups for t in g.trajectories] == [("r1", 1)]
+        assert ray.get(actor.stats.remote())["dropped_stale"] == 1
+        ray.get(actor.stop.remote())
+        ray.kill(actor)
+    finally:
+        if started:
+            ray.shutdown()
