@@ -6,12 +6,12 @@
       calls      -> run them (ToolRunner: bounded parallelism, per-call timeout, errors as text),
                     append one `tool` message per call as a masked template delta, repeat
       no call    -> with an interaction (extra_info.interaction_kwargs.name): its score is a turn
-                    reward; unless it is done, its text is a masked user turn, repeat;
-                    without one: stop
+                    reward (also for a reply cut by max_turn_tokens, as verl does); unless it is
+                    done, its text is a masked user turn, repeat; without one: stop
     ends on: no call ("stop"), the interaction done ("stop"), max_assistant_turns / max_user_turns
     while more was wanted ("max_turns"), the token budget ("length"), max_consecutive_invalid_calls
     invalid calls in a row ("invalid_calls"), an engine abort ("abort"), or a generation cut by its
-    token limit without a call ("length").
+    token limit without a call and without an interaction ("length").
 The reward function scores the last assistant message's text.
 """
 
@@ -66,11 +66,8 @@ class ToolAgent(AgentLoop):
                     if not ep.insert_messages(replies, out.output_ids):
                         break
                     continue
-                if out.finish_reason == "length":
-                    ep.finish_reason = "length"
-                    break
                 if not interaction:
-                    ep.finish_reason = "stop"
+                    ep.finish_reason = "length" if out.finish_reason == "length" else "stop"
                     break
                 done, reply, turn_score, _ = await interaction.respond(ep.messages)
                 ep.turn_rewards.append(turn_score)
