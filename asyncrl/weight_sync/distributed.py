@@ -63,9 +63,9 @@ def master_address_for(urls: list[str]) -> str:
 class _Abandon(Exception):
     """This sync cannot finish: {url: why}."""
 
-    def __init__(self, failed: dict[str, str]):
-        super().__init__(failed)
-        self.failed = failed
+    def __init__(self, failed: dict[str, str], why: str = ""):
+        super().__init__(failed, why)
+        self.failed, self.why = failed, why
 
 
 class DistributedSender(WeightSender):
@@ -171,13 +171,15 @@ class DistributedSender(WeightSender):
                 await asyncio.wait_for(self._transfer(it, int(version), members, report), self.timeout_s)
                 report.engines_ok = members
             except (_Abandon, asyncio.TimeoutError) as e:
+                # nobody holds the whole new version: no engine is ok; blame the named ones, else
+                # whoever does not answer /health now, else all of them
+                why = e.why if isinstance(e, _Abandon) else f"sync did not finish within {self.timeout_s}s"
                 failed = e.failed if isinstance(e, _Abandon) else {}
-                if not failed:  # a timeout: blame whoever does not answer /health now
+                if not failed:
                     _, failed = await self.http.alive(members)
-                    failed = failed or {u: f"sync did not finish within {self.timeout_s}s" for u in members}
+                    failed = failed or {u: why for u in members}
                 report.engines_failed.update(failed)
-                report.engines_ok = [u for u in members if u not in failed] if isinstance(e, _Abandon) else []
-                log.warning("weight sync v%d abandoned: %s", version, failed)
+                log.warning("weight sync v%d abandoned (%s): %s", version, why, failed)
                 await self._retire_group()
             finally:
                 still = [u for u in members if u not in report.engines_failed]
@@ -209,13 +211,16 @@ class DistributedSender(WeightSender):
         posts = {u: asyncio.ensure_future(self.http.post(u, "/update_weights_from_distributed", body, None))
                  for u in members}
         if bucket:
-            self._inflight = asyncio.ensure_future(asyncio.to_thread(self._broadcast, bucket))
+            self._inflight = asyncio.ensure_future(asyncio.to_thread(self._broadcast, self.pg, bucket))
+            self._inflight.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if abandoned
             pending = set(posts.values()) | {self._inflight}
             while self._inflight in pending:  # a reply that fails early must not wait out the collective
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 early = {u: p.result()[1] for u, p in posts.items() if p in done and not p.result()[0]}
                 if early:
                     _raise_or_abandon(early)
+            if self._inflight.exception() is not None:  # e.g. gloo: "Connection closed by peer"
+                raise _Abandon({}, f"broadcast failed: {self._inflight.exception()}")
             report.collectives += self._inflight.result()
             report.bytes += sum(nbytes(t) for _, t in bucket)
             report.buckets += 1
@@ -224,14 +229,14 @@ class DistributedSender(WeightSender):
         if bad:
             _raise_or_abandon(bad)
 
-    def _broadcast(self, bucket: Bucket) -> int:
+    def _broadcast(self, pg: Any, bucket: Bucket) -> int:
         """Rank 0's side of one bucket (blocking, in a worker thread). Returns the collective count."""
         tensors = [t.detach().to(self.device) for _, t in bucket]
         if self.coalesce:
             bufs = [pack(tensors, idx) for _, idx in flat_groups(metas_of(bucket))]
         else:
             bufs = [t.contiguous() for t in tensors]
-        works = [dist.broadcast(b, src=0, group=self.pg, async_op=True) for b in bufs]
+        works = [dist.broadcast(b, src=0, group=pg, async_op=True) for b in bufs]
         for w in works:
             w.wait()
         return len(bufs)
