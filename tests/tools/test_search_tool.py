@@ -73,6 +73,9 @@ async def test_retrieves_with_retries(server):
     assert m == {"hits": 2.0} and reward == 0.0
     assert [r[0] for r in Retriever.requests] == ["/retrieve", "/retrieve"]
     assert Retriever.requests[-1][1] == {"queries": ["capital of France"], "topk": 2, "return_scores": True}
+    # the search_r1 env's override shape (retrieval_service_url ending in /retrieve) works the same
+    env_shaped = SearchTool({"retrieval_service_url": server + "/retrieve", "topk": 1})
+    assert (await env_shaped.execute("i", {"query": "Berlin Germany"}))[0] == "Doc 1 (score 2): Berlin is the capital of Germany."
     text, _, _ = await tool.execute("i", {"query_list": ["Seine", "Berlin"]})
     assert text.startswith("Results for 'Seine':\nDoc 1 (score 1): The Seine flows through Paris.")
 

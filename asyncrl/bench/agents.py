@@ -1,0 +1,161 @@
+"""`asyncrl bench agents`: the agent-loop side's own costs, each against a baseline in the same run.
+
+- delta vs retokenize: inserting a tool turn by rendering only the delta and tokenizing it once
+  (what the loops do) vs the common baseline of re-rendering the whole conversation with the chat
+  template and re-tokenizing it every turn (which also drifts when templates are not append-only).
+  Measured per inserted turn over a conversation of `--turns` tool turns, real SmolLM2 tokenizer.
+- parallel tools: one turn with `--calls` calls of a tool that sleeps `--tool-sleep-s`, run with
+  tool_concurrency = calls vs 1 (the sequential baseline).
+- python sandbox: one `print(1)` through the python tool (limits, network namespace, audit hook)
+  vs a bare `python -c 'print(1)'` subprocess.
+- loop throughput: whole tool_agent episodes (2 calculator calls + answer) per second against a
+  replaying engine double (zero model time), i.e. the loop's own overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Optional
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--turns", type=int, default=8, help="tool turns in the delta-vs-retokenize conversation")
+    parser.add_argument("--calls", type=int, default=4, help="tool calls in the parallel-tools turn")
+    parser.add_argument("--tool-sleep-s", type=float, default=0.2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--episodes", type=int, default=50)
+
+
+class ReplayEngine:
+    """A Generator double for benchmarking the loop alone: replays fixed replies with no model."""
+
+    def __init__(self, replies: list[list[int]]):
+        self.replies, self.k = replies, 0
+
+    async def generate(self, input_ids: list[int], sampling: Any, *, rid: Optional[str] = None,
+                       session_id: Optional[str] = None) -> Any:
+        from asyncrl.engine.base import GenerateResult
+
+        ids = self.replies[self.k % len(self.replies)][: sampling.max_new_tokens]
+        self.k += 1
+        return GenerateResult(output_ids=ids, logprobs=[-1.0] * len(ids), versions=[0] * len(ids),
+                              finish_reason="stop", weight_version=0)
+
+
+def _tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    from asyncrl.config import ModelConfig
+    from asyncrl.models import resolve_model_dir
+
+    return AutoTokenizer.from_pretrained(resolve_model_dir(ModelConfig()))
+
+
+def bench_delta(tok: Any, turns: int, repeats: int) -> dict[str, float]:
+    from asyncrl.agents.chat import ChatFormat
+
+    chat = ChatFormat(tok)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    gen = tok.encode('<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 7 + 3"}}</tool_call>',
+                     add_special_tokens=False) + [im_end]
+    result = "Doc 1: " + "a passage of retrieved text " * 20
+    base = [{"role": "user", "content": "Question " * 30}]
+    delta_s, full_s = [], []
+    for _ in range(repeats):
+        msgs = list(base)
+        t0 = time.perf_counter()
+        for _ in range(turns):
+            chat.delta_ids([{"role": "tool", "content": result}], gen)
+        delta_s.append((time.perf_counter() - t0) / turns)
+        t0 = time.perf_counter()
+        for _ in range(turns):
+            msgs += [{"role": "assistant", "content": tok.decode(gen, skip_special_tokens=True)},
+                     {"role": "tool", "content": result}]
+            tok.encode(chat.render(msgs, add_generation_prompt=True), add_special_tokens=False)
+        full_s.append((time.perf_counter() - t0) / turns)
+    d, f = statistics.median(delta_s), statistics.median(full_s)
+    return {"delta_ms_per_turn": round(d * 1e3, 3), "retokenize_ms_per_turn": round(f * 1e3, 3),
+            "delta_speedup_vs_retokenize": round(f / d, 2)}
+
+
+async def bench_parallel_tools(tok: Any, calls: int, sleep_s: float) -> dict[str, float]:
+    from asyncrl.agents.parsers import ToolCall
+    from asyncrl.agents.tool_runner import ToolRunner
+    from asyncrl.config import AgentConfig
+    from asyncrl.tools.base import Tool
+
+    class SleepTool(Tool):
+        name = "sleep"
+
+        async def execute(self, instance_id: str, params: dict) -> tuple[str, float, dict]:
+            await asyncio.sleep(sleep_s)
+            return "done", 0.0, {}
+
+    from collections import Counter
+
+    times = {}
+    for conc in (calls, 1):
+        runner = ToolRunner({"sleep": SleepTool()}, "i", {}, AgentConfig(tool_concurrency=conc), tok, Counter())
+        t0 = time.perf_counter()
+        await runner.run([ToolCall("sleep", {}) for _ in range(calls)])
+        times[conc] = time.perf_counter() - t0
+    return {"tools_parallel_s": round(times[calls], 3), "tools_sequential_s": round(times[1], 3),
+            "tools_parallel_speedup": round(times[1] / times[calls], 2)}
+
+
+async def bench_sandbox(repeats: int) -> dict[str, float]:
+    from asyncrl.tools.python import PythonTool, netns_available
+
+    tool = PythonTool()
+    await tool.create("b")
+    sand, bare = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        text, _, _ = await tool.execute("b", {"code": "print(1)"})
+        sand.append(time.perf_counter() - t0)
+        assert text == "1\n", text
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, check=True)
+        bare.append(time.perf_counter() - t0)
+    await tool.release("b")
+    s, b = statistics.median(sand), statistics.median(bare)
+    return {"sandbox_ms": round(s * 1e3, 1), "bare_python_ms": round(b * 1e3, 1),
+            "sandbox_overhead_ratio": round(s / b, 2), "sandbox_netns": netns_available()}
+
+
+async def bench_loop(tok: Any, episodes: int) -> dict[str, float]:
+    from asyncrl.agents.base import AgentContext, run_episode
+    from asyncrl.config import AgentConfig
+    from asyncrl.env_api import Sample
+    from asyncrl.tools.loader import load_tool_specs
+
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    replies = [tok.encode(t, add_special_tokens=False) + [im_end] for t in (
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "3*4"}}</tool_call>',
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "12+5"}}</tool_call>',
+        "Answer: 17")]
+    ctx = AgentContext(engine=ReplayEngine(replies), tokenizer=tok, cfg=AgentConfig(),
+                       tool_specs=load_tool_specs(["calculator"]), reward_fn=lambda **kw: 1.0)
+    t0 = time.perf_counter()
+    for i in range(episodes):
+        s = Sample(uid=f"b-{i}", group_id="b", group_size=1, sample_index=0, data_index=i,
+                   messages=[{"role": "user", "content": "What is 3*4+5?"}], ground_truth="17")
+        traj = await run_episode(s, ctx, "tool_agent")
+        assert traj.metrics["tool_calls"] == 2
+    dt = time.perf_counter() - t0
+    return {"episodes_per_s": round(episodes / dt, 1), "loop_ms_per_turn": round(dt / episodes / 3 * 1e3, 3)}
+
+
+def run(args: argparse.Namespace) -> dict:
+    tok = _tokenizer()
+    out: dict[str, Any] = {"baseline": "full re-render+retokenize / sequential tools / bare python subprocess"}
+    out.update(bench_delta(tok, args.turns, args.repeats))
+    out.update(asyncio.run(bench_parallel_tools(tok, args.calls, args.tool_sleep_s)))
+    out.update(asyncio.run(bench_sandbox(args.repeats)))
+    out.update(asyncio.run(bench_loop(tok, args.episodes)))
+    return out
