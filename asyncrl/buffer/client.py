@@ -28,6 +28,9 @@ from asyncrl.buffer import protocol as P
 from asyncrl.schema import Batch, Trajectory
 
 
+BUSY_WAIT_S = 0.05  # first wait after a back-pressure reply (doubles up to 1 s)
+
+
 class BufferError(RuntimeError):
     """The buffer refused a request (ERR reply) or never answered within the retries."""
 
@@ -49,6 +52,14 @@ def _ids():
 
 
 class AsyncBufferProducer:
+    """Many coroutines may `put` concurrently on one producer: puts waiting at the same moment are
+    coalesced into one PUTS request (one message, one server round, one ack list), which is what lets
+    a worker with many agent loops stream at close to socket speed while every put is still acked
+    individually after its WAL append."""
+
+    MAX_COALESCE = 256
+    MAX_COALESCE_BYTES = 16 << 20
+
     def __init__(self, address: str, *, timeout_s: float = 10.0, retries: int = 20,
                  curve_server_public: Optional[str] = None):
         if not address.startswith(("tcp://", "ipc://", "inproc://")):
@@ -57,11 +68,14 @@ class AsyncBufferProducer:
         self._curve = curve_server_public
         self._ctx: Optional[zmq.asyncio.Context] = None
         self._sock: Optional[zmq.asyncio.Socket] = None
-        self._waiting: dict[bytes, asyncio.Future] = {}
-        self._reader: Optional[asyncio.Task] = None
+        self._waiting: dict[bytes, tuple[float, list[asyncio.Future], bool]] = {}  # req_id -> (t, futs, is_puts)
+        self._outbox: list[tuple[bytes, asyncio.Future]] = []
+        self._wake: Optional[asyncio.Event] = None
+        self._tasks: list[asyncio.Task] = []
         self._ids = _ids()
         self.busy_waits = 0
         self.resends = 0
+        self.requests = 0
 
     def _ensure(self) -> None:
         if self._sock is None:
@@ -72,53 +86,116 @@ class AsyncBufferProducer:
             _curve(s, self._curve)
             s.connect(self.address)
             self._sock = s
-            self._reader = asyncio.get_running_loop().create_task(self._read())
+            self._wake = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            self._tasks = [loop.create_task(self._read()), loop.create_task(self._send_puts())]
 
     async def _read(self) -> None:
         while True:
             frames = await self._sock.recv_multipart()
-            if len(frames) == 3:
-                fut = self._waiting.pop(frames[0], None)
-                if fut is not None and not fut.done():
-                    fut.set_result((frames[1], frames[2]))
+            if len(frames) != 3:
+                continue
+            entry = self._waiting.pop(frames[0], None)
+            if entry is None:
+                continue  # a late reply to a request we gave up on
+            _, futs, is_puts = entry
+            status, body = frames[1], frames[2]
+            if not is_puts:
+                results = [(status, body)]
+            elif status == P.OK:
+                results = msgspec.msgpack.decode(body, type=list[str])
+            else:
+                results = [f"err: {body.decode(errors='replace')}"] * len(futs)
+            for fut, res in zip(futs, results):
+                if not fut.done():
+                    fut.set_result(res)
 
-    async def _request(self, op: bytes, body: bytes) -> tuple[bytes, bytes]:
-        """Send until a reply arrives; BUSY replies wait and resend without using up retries."""
+    async def _send_puts(self) -> None:
+        """Drain the outbox: everything queued goes out as PUTS requests of up to MAX_COALESCE items."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._outbox:
+                n, size = 0, 0
+                while n < len(self._outbox) and n < self.MAX_COALESCE and size < self.MAX_COALESCE_BYTES:
+                    size += len(self._outbox[n][0])
+                    n += 1
+                items, self._outbox = self._outbox[:n], self._outbox[n:]
+                items = [(b, f) for b, f in items if not f.done()]  # timed out meanwhile: resent by put
+                if not items:
+                    continue
+                req_id = next(self._ids)
+                self._waiting[req_id] = (time.monotonic(), [f for _, f in items], True)
+                self.requests += 1
+                await self._sock.send_multipart([req_id, P.PUTS, *(b for b, _ in items)], copy=False)
+            self._purge()
+
+    def _purge(self) -> None:
+        """Forget requests whose replies are long overdue (their puts were resent)."""
+        if len(self._waiting) > 1000:
+            old = time.monotonic() - 2 * self.timeout_s
+            for k in [k for k, (t, _, _) in self._waiting.items() if t < old]:
+                del self._waiting[k]
+
+    async def _await(self, fut: asyncio.Future):
+        async with asyncio.timeout(self.timeout_s):
+            return await fut
+
+    async def put_bytes(self, body: bytes) -> str:
+        """Send an already encoded trajectory; returns after the ack with the buffer's verdict:
+        'new' | 'dup' (already stored: a resend) | 'late' (its group was already served).
+        Resends after `timeout_s` without reply (same bytes, same uid), up to `retries` times; waits
+        and resends without limit while the buffer answers 'busy' (back-pressure)."""
         self._ensure()
+        loop = asyncio.get_running_loop()
         attempts, backoff = 0, 0.0
         while True:
-            req_id = next(self._ids)
-            fut = asyncio.get_running_loop().create_future()
-            self._waiting[req_id] = fut
-            try:  # the send itself can wait (no peer connected yet): bounded by the same timeout
-                t0 = time.monotonic()
-                await asyncio.wait_for(self._sock.send_multipart([req_id, op, body]), self.timeout_s)
-                left = max(0.0, self.timeout_s - (time.monotonic() - t0))
-                status, reply = await asyncio.wait_for(fut, left)
-            except asyncio.TimeoutError:
-                self._waiting.pop(req_id, None)
+            fut = loop.create_future()
+            self._outbox.append((body, fut))
+            self._wake.set()
+            try:
+                verdict = await self._await(fut)
+            except TimeoutError:
+                fut.cancel()
                 attempts += 1
                 self.resends += 1
                 if attempts > self.retries:
-                    raise BufferTimeout(f"buffer at {self.address} did not answer {op.decode()} after "
-                                        f"{attempts} tries of {self.timeout_s}s") from None
+                    raise BufferTimeout(f"buffer at {self.address} did not ack a put after {attempts} tries "
+                                        f"of {self.timeout_s}s") from None
                 continue
-            if status == P.BUSY:
+            if verdict == "busy":
                 self.busy_waits += 1
-                backoff = min(1.0, max(float(reply or b"50") / 1000, backoff * 2))
+                backoff = min(1.0, max(BUSY_WAIT_S, backoff * 2))
                 await asyncio.sleep(backoff)
+                continue
+            if verdict.startswith("err: "):
+                raise BufferError(f"buffer at {self.address} refused a put: {verdict[5:]}")
+            return verdict
+
+    async def put(self, traj: Trajectory) -> None:
+        await self.put_bytes(msgspec.msgpack.encode(traj))
+
+    async def _request(self, op: bytes, body: bytes) -> tuple[bytes, bytes]:
+        """One non-PUT request; resent on timeout up to `retries` times."""
+        self._ensure()
+        loop = asyncio.get_running_loop()
+        for _ in range(self.retries + 1):
+            req_id = next(self._ids)
+            fut = loop.create_future()
+            self._waiting[req_id] = (time.monotonic(), [fut], False)
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    await self._sock.send_multipart([req_id, op, body])
+                    status, reply = await fut
+            except TimeoutError:
+                self._waiting.pop(req_id, None)
+                self.resends += 1
                 continue
             if status == P.ERR:
                 raise BufferError(f"buffer at {self.address} refused {op.decode()}: {reply.decode(errors='replace')}")
             return status, reply
-
-    async def put_bytes(self, body: bytes) -> str:
-        """Send an already encoded trajectory; returns the buffer's verdict: 'new' | 'dup' | 'late'."""
-        _, verdict = await self._request(P.PUT, body)
-        return verdict.decode()
-
-    async def put(self, traj: Trajectory) -> None:
-        await self.put_bytes(msgspec.msgpack.encode(traj))
+        raise BufferTimeout(f"buffer at {self.address} did not answer {op.decode()} after {self.retries + 1} "
+                            f"tries of {self.timeout_s}s")
 
     async def report_failed(self, group_id: str, group_size: int, count: int = 1) -> None:
         """`count` members of `group_id` will never arrive; the group completes with its real size."""
@@ -126,15 +203,17 @@ class AsyncBufferProducer:
         await self._request(P.FAIL, P.pack(P.FailReport(key, group_id, group_size, count)))
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
             try:
-                await self._reader
+                await t
             except (asyncio.CancelledError, Exception):
                 pass
-            self._reader = None
-        for fut in self._waiting.values():
-            fut.cancel()
+        self._tasks = []
+        for _, futs, _ in self._waiting.values():
+            for f in futs:
+                f.cancel()
         self._waiting.clear()
         if self._sock is not None:
             self._sock.close(linger=0)

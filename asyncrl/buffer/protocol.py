@@ -1,6 +1,6 @@
 """Wire protocol of the replay buffer (ZMQ ROUTER on the service, DEALER on clients).
 
-A request is three frames ``[req_id, op, body]``; the ROUTER prepends the peer identity. The reply is
+A request is three frames ``[req_id, op, body]`` (PUTS: ``[req_id, op, body, body, ...]``); the ROUTER prepends the peer identity. The reply is
 ``[req_id, status, body]`` with the same ``req_id`` so a client can match replies to concurrent
 requests and ignore late ones.
 
@@ -9,6 +9,9 @@ op         body                                   reply
 =========  =====================================  ==============================================
 PUT        msgpack Trajectory (as sent, stored    OK (``b"new"`` | ``b"dup"`` | ``b"late"``),
            verbatim in the WAL)                   BUSY (back-pressure: retry later), ERR
+PUTS       one frame per trajectory (a client's   OK with a msgpack list of per-item verdicts:
+           concurrent puts, coalesced; at most    ``"new"`` | ``"dup"`` | ``"late"`` | ``"busy"``
+           `MAX_PUTS` items)                      | ``"err: <why>"``
 FAIL       msgpack `FailReport`                   OK
 GET        msgpack `GetRequest`                   BATCH (msgpack `Batch`) or EMPTY on its deadline
 COMMIT     msgpack `CommitRequest`                OK
@@ -25,8 +28,10 @@ from __future__ import annotations
 import msgspec
 
 # request ops
-PUT, FAIL, GET, COMMIT, VERSION, STATS = b"PUT", b"FAIL", b"GET", b"COMMIT", b"VERSION", b"STATS"
-OPS = (PUT, FAIL, GET, COMMIT, VERSION, STATS)
+PUT, PUTS, FAIL, GET, COMMIT, VERSION, STATS = (b"PUT", b"PUTS", b"FAIL", b"GET", b"COMMIT", b"VERSION",
+                                                b"STATS")
+OPS = (PUT, PUTS, FAIL, GET, COMMIT, VERSION, STATS)
+MAX_PUTS = 1024
 # reply statuses
 OK, BUSY, ERR, BATCH, EMPTY, STATS_REPLY = b"OK", b"BUSY", b"ERR", b"BATCH", b"EMPTY", b"STATS"
 

@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Optional
 
 import msgspec
+import numpy as np
 import zmq
 
 from asyncrl.buffer import protocol as P
 from asyncrl.buffer.store import BufferState, Entry
 from asyncrl.buffer.wal import WriteAheadLog, frame
 from asyncrl.config import BufferConfig
-from asyncrl.schema import SchemaError, Trajectory
+from asyncrl.schema import Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -63,17 +64,33 @@ def check_bind(cfg: BufferConfig) -> None:
         raise BufferConfigError("CURVE keys are configured but this libzmq was built without CURVE support")
 
 
+_ARRAYS = (("prompt_ids", "int32", 4), ("response_ids", "int32", 4), ("loss_mask", "uint8", 1),
+           ("behavior_logprobs", "float32", 4), ("versions", "int32", 4))
+
+
 def decode_put(body: bytes) -> Entry:
-    """Validate a PUT body as a Trajectory; raise ValueError naming what is wrong."""
+    """Validate a PUT body as a Trajectory (types, dtypes, 1-D arrays whose bytes match their shapes,
+    per-token arrays aligned with response_ids); raise ValueError naming what is wrong."""
     try:
         t = msgspec.msgpack.decode(body, type=Trajectory)
-        t.validate()
-        mv = t.min_version()
-    except (msgspec.DecodeError, msgspec.ValidationError, SchemaError) as e:
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise ValueError(f"PUT body is not a valid Trajectory: {e}") from e
     if not t.uid or not t.group_id:
         raise ValueError(f"PUT trajectory needs a non-empty uid and group_id, got uid={t.uid!r} "
                          f"group_id={t.group_id!r}")
+    r = None
+    for name, dtype, size in _ARRAYS:
+        a = getattr(t, name)
+        if a.dtype != dtype or len(a.shape) != 1 or len(a.data) != a.shape[0] * size:
+            raise ValueError(f"trajectory {t.uid}: {name} must be 1-D {dtype} with matching bytes, got "
+                             f"{a.dtype} shape {a.shape} with {len(a.data)} bytes")
+        if name == "response_ids":
+            r = a.shape[0]
+        elif r is not None and a.shape[0] != r:
+            raise ValueError(f"trajectory {t.uid}: {name} has {a.shape[0]} entries, response_ids has {r}")
+    v = np.frombuffer(t.versions.data, dtype="<i4")
+    m = np.frombuffer(t.loss_mask.data, dtype=np.uint8).astype(bool)
+    mv = int(v[m].min()) if m.any() else int(v.max(initial=0))  # == Trajectory.min_version()
     return Entry(t.uid, t.group_id, t.group_size, mv, bytes(body))
 
 
@@ -243,6 +260,12 @@ class BufferService:
             self.counts["malformed"] += 1
             replies.append([ident, req_id, P.ERR, msg.encode()[:1000]])
 
+        if len(m) >= 4 and m[2] == P.PUTS and len(m[1]) <= 64:
+            if len(m) - 3 > P.MAX_PUTS:
+                return err(f"PUTS with {len(m) - 3} items exceeds {P.MAX_PUTS}")
+            verdicts = [self._put_one(body, records) for body in m[3:]]
+            replies.append([ident, req_id, P.OK, P.pack(verdicts)])
+            return
         if len(m) != 4:
             return err(f"expected 3 frames [req_id, op, body], got {len(m) - 1}")
         _, req_id, op, body = m
@@ -285,7 +308,24 @@ class BufferService:
             err(str(e))
 
     def _put(self, ident, req_id, body, records, replies) -> None:
-        e = decode_put(body)
+        verdict = self._put_one(body, records)
+        if verdict.startswith("err: "):
+            replies.append([ident, req_id, P.ERR, verdict[5:].encode()])
+        elif verdict == "busy":
+            replies.append([ident, req_id, P.BUSY, str(BUSY_RETRY_MS).encode()])
+        else:
+            replies.append([ident, req_id, P.OK, verdict.encode()])
+
+    def _put_one(self, body: bytes, records: list[bytes]) -> str:
+        """Admit one trajectory: 'new' | 'dup' | 'late' | 'busy' | 'err: <why>' (malformed, counted)."""
+        if len(body) > self.cfg.max_frame_bytes:
+            self.counts["malformed"] += 1
+            return f"err: body of {len(body)} bytes exceeds buffer.max_frame_bytes={self.cfg.max_frame_bytes}"
+        try:
+            e = decode_put(body)
+        except ValueError as ex:
+            self.counts["malformed"] += 1
+            return f"err: {ex}"[:1000]
         self.counts["bytes_received"] += len(body)
         verdict = self.state.classify(e.uid, e.group_id, len(body))
         if verdict == "busy" and self.threshold is not None:
@@ -293,12 +333,11 @@ class BufferService:
             verdict = self.state.classify(e.uid, e.group_id, len(body))
         if verdict == "busy":
             self.counts["busy_replies"] += 1
-            replies.append([ident, req_id, P.BUSY, str(BUSY_RETRY_MS).encode()])
-            return
+            return "busy"
         verdict = self.state.apply_put(e)
         if verdict != "dup":
             records.append(frame(P.REC_PUT, e.raw))
-        replies.append([ident, req_id, P.OK, verdict.encode()])
+        return verdict
 
     def _drop_stale(self, records: list[bytes]) -> None:
         uids = self.state.stale_uids(self.threshold)
