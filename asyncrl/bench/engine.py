@@ -1,0 +1,142 @@
+"""Output tokens/s of the embedded engine vs transformers `generate` (left-padded static batches)
+and transformers' own continuous batching (`generate_batch`'s manager), on one workload.
+
+Workload (seeded): `--requests` prompts of 32..256 random tokens; long-tailed output lengths: one
+request in `--long-every` wants `--max-new-tokens` tokens, the others 1/16..1/8 of that. Every
+system generates exactly each request's length (greedy, EOS banned until the length is reached),
+so all three produce the same useful tokens; tokens/s = sum(lengths) / wall time.
+  (a) embedded engine: a real server subprocess, all requests sent at once through EngineClient,
+      max_running_seqs = --batch;
+  (b) `model.generate` on static left-padded batches of --batch requests in arrival order (each
+      batch runs until its longest request is done);
+  (c) transformers' continuous batching manager, per-request max_new_tokens (skip with --skip-cb).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import time
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=192, help="length of the long requests")
+    parser.add_argument("--long-every", type=int, default=8, help="one request in N is long")
+    parser.add_argument("--batch", type=int, default=16, help="running sequences / static batch size")
+    parser.add_argument("--min-prompt", type=int, default=32)
+    parser.add_argument("--max-prompt", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model-path", default=None, help="default: the default model (SmolLM2-135M)")
+    parser.add_argument("--skip-cb", action="store_true", help="skip (c), transformers' continuous batching")
+
+
+def workload(n: int, long_len: int, long_every: int, min_prompt: int, max_prompt: int, vocab: int,
+             seed: int) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prompt = [rng.randrange(100, vocab - 100) for _ in range(rng.randint(min_prompt, max_prompt))]
+        if i % long_every == long_every - 1:
+            length = long_len
+        else:
+            length = rng.randint(max(1, long_len // 16), max(1, long_len // 8))
+        out.append((prompt, length))
+    return out
+
+
+async def _engine_run(url: str, work: list[tuple[list[int], int]]) -> float:
+    from asyncrl.engine.base import SamplingParams
+    from asyncrl.engine.client import EngineClient
+
+    async with EngineClient(url, timeout_s=3600) as client:
+        await client.generate(work[0][0][:8], SamplingParams(temperature=0, max_new_tokens=2))  # warm-up
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*[
+            client.generate(p, SamplingParams(temperature=0, max_new_tokens=n, min_new_tokens=n)) for p, n in work
+        ])
+        dt = time.perf_counter() - t0
+    got = [len(r.output_ids) for r in results]
+    want = [n for _, n in work]
+    if got != want:
+        raise RuntimeError(f"engine produced lengths {got[:8]}..., expected {want[:8]}...")
+    return dt
+
+
+def _static_run(model: Any, work: list[tuple[list[int], int]], batch: int, pad_id: int) -> float:
+    import torch
+
+    model.generate(torch.tensor([work[0][0][:8]]), max_new_tokens=2, do_sample=False)  # warm-up
+    t0 = time.perf_counter()
+    for s in range(0, len(work), batch):
+        chunk = work[s : s + batch]
+        width = max(len(p) for p, _ in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for i, (p, _) in enumerate(chunk):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        n = max(k for _, k in chunk)
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                       pad_token_id=pad_id)
+    return time.perf_counter() - t0
+
+
+def _cb_run(model: Any, work: list[tuple[list[int], int]], batch: int) -> float:
+    from transformers import GenerationConfig
+
+    gen = GenerationConfig(max_new_tokens=max(n for _, n in work), do_sample=False, eos_token_id=-1)
+    mgr = model.init_continuous_batching(generation_config=gen)
+    mgr.start()
+    try:
+        t0 = time.perf_counter()
+        for i, (p, n) in enumerate(work):
+            mgr.add_request(p, request_id=f"r{i}", max_new_tokens=n, eos_token_id=-1)
+        done = 0
+        while done < len(work):
+            r = mgr.get_result(timeout=600)
+            if r is None:
+                raise RuntimeError("transformers continuous batching returned no result within 600 s")
+            if r.is_finished():
+                done += 1
+        return time.perf_counter() - t0
+    finally:
+        mgr.stop(block=True)
+
+
+def run(args: argparse.Namespace) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from asyncrl.config import ModelConfig
+    from asyncrl.engine.launcher import launch_embedded
+    from asyncrl.models import resolve_model_dir
+
+    model_dir = args.model_path or str(resolve_model_dir(ModelConfig()))
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    work = workload(args.requests, args.max_new_tokens, args.long_every, args.min_prompt, args.max_prompt,
+                    len(tok), args.seed)
+    tokens = sum(n for _, n in work)
+    threads = torch.get_num_threads()
+
+    with launch_embedded(model_dir, max_running_seqs=args.batch, threads=threads) as proc:
+        t_engine = asyncio.run(_engine_run(proc.url, work))
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    with torch.inference_mode():
+        t_static = _static_run(model, work, args.batch, pad)
+    out = {
+        "model": str(model_dir).rsplit("/", 1)[-1], "requests": len(work), "output_tokens": tokens,
+        "batch": args.batch, "threads": threads,
+        "engine_tok_s": round(tokens / t_engine, 2), "static_generate_tok_s": round(tokens / t_static, 2),
+        "engine_s": round(t_engine, 2), "static_s": round(t_static, 2),
+        "a_over_b": round(t_static / t_engine, 3),
+    }
+    if not args.skip_cb:
+        t_cb = _cb_run(model, work, args.batch)
+        out.update({"hf_continuous_tok_s": round(tokens / t_cb, 2), "hf_continuous_s": round(t_cb, 2),
+                    "a_over_c": round(t_cb / t_engine, 3)})
+    return out

@@ -1,0 +1,205 @@
+"""The embedded engine over real HTTP: exactness, finish reasons, abort, pause, batching, validation."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from tests.engine.conftest import greedy_path, greedy_reference, post, stats, teacher_forced_logprobs, wait_tokens
+
+PROMPTS = [[1, 2, 3, 4, 5], list(range(200, 260)), [42], list(range(5000, 5013))]
+
+
+def gen_body(ids, rid=None, logprob=True, **sp):
+    body = {"input_ids": ids, "sampling_params": sp, "return_logprob": logprob}
+    if rid:
+        body["rid"] = rid
+    return body
+
+
+async def generate(url, ids, **sp):
+    r = await post(url, "/generate", gen_body(ids, **sp))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.timeout(120)
+async def test_greedy_equals_transformers_generate_token_by_token(engine, tiny_model):
+    lens = [17, 9, 30, 12]
+    # one at a time, then all together (rows of different lengths share the decode forward)
+    solo = [await generate(engine.url, p, temperature=0, max_new_tokens=n, min_new_tokens=n)
+            for p, n in zip(PROMPTS, lens)]
+    together = await asyncio.gather(*[generate(engine.url, p, temperature=0, max_new_tokens=n, min_new_tokens=n)
+                                      for p, n in zip(PROMPTS, lens)])
+    for p, n, a, b in zip(PROMPTS, lens, solo, together):
+        ref = greedy_reference(tiny_model, p, n)
+        assert a["output_ids"] == ref
+        assert b["output_ids"] == ref
+        assert a["meta_info"]["finish_reason"] == {"type": "length", "length": n}
+        assert a["meta_info"]["prompt_tokens"] == len(p) and a["meta_info"]["completion_tokens"] == n
+        assert [t for _, t, _ in a["meta_info"]["output_token_logprobs"]] == ref
+        assert a["meta_info"]["output_token_versions"] == [0] * n and a["meta_info"]["weight_version"] == 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("temperature,top_p,top_k", [(0.0, 1.0, -1), (0.7, 0.9, 50), (1.3, 1.0, -1)])
+async def test_logprobs_equal_teacher_forced_forward(engine, tiny_model, temperature, top_p, top_k):
+    outs = await asyncio.gather(*[generate(engine.url, p, temperature=temperature, top_p=top_p, top_k=top_k,
+                                           max_new_tokens=24, min_new_tokens=24, seed=i)
+                                  for i, p in enumerate(PROMPTS)])
+    for p, o in zip(PROMPTS, outs):
+        got = [lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]]
+        ref = teacher_forced_logprobs(tiny_model, p, o["output_ids"], temperature)
+        assert len(got) == 24
+        assert max(abs(a - b) for a, b in zip(got, ref)) < 1e-4
+
+
+@pytest.mark.timeout(60)
+async def test_seeded_sampling_is_reproducible(engine):
+    a = await generate(engine.url, PROMPTS[1], temperature=1.0, max_new_tokens=20, seed=123)
+    b, c = await asyncio.gather(generate(engine.url, PROMPTS[1], temperature=1.0, max_new_tokens=20, seed=123),
+                                generate(engine.url, PROMPTS[0], temperature=1.0, max_new_tokens=20, seed=5))
+    d = await generate(engine.url, PROMPTS[1], temperature=1.0, max_new_tokens=20, seed=124)
+    assert a["output_ids"] == b["output_ids"]
+    # b shared its decode forwards with c (padded batch): same tokens, logprobs equal up to float rounding
+    la, lb = ([x[0] for x in o["meta_info"]["output_token_logprobs"]] for o in (a, b))
+    assert max(abs(x - y) for x, y in zip(la, lb)) < 1e-4
+    assert a["output_ids"] != d["output_ids"]
+
+
+@pytest.mark.timeout(60)
+async def test_stop_token_and_length(engine, tiny_model):
+    p = list(range(300, 340))
+    ref = greedy_reference(tiny_model, p, 20)
+    # stop at the first occurrence of the 4th distinct token of the greedy path
+    k = next(i for i, t in enumerate(ref) if len(set(ref[: i + 1])) == min(3, len(set(ref))))
+    stop = ref[k]
+    o = await generate(engine.url, p, temperature=0, max_new_tokens=20, stop_token_ids=[stop])
+    assert o["output_ids"] == ref[: k + 1]
+    assert o["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    # min_new_tokens bans the stop token until reached
+    o = await generate(engine.url, p, temperature=0, max_new_tokens=20, min_new_tokens=k + 3, stop_token_ids=[stop])
+    assert len(o["output_ids"]) >= k + 3 and stop not in o["output_ids"][: k + 2]
+    o = await generate(engine.url, p, temperature=0, max_new_tokens=7)
+    assert o["output_ids"] == ref[:7] and o["meta_info"]["finish_reason"]["type"] == "length"
+    o = await generate(engine.url, p, temperature=0, max_new_tokens=0)
+    assert o["output_ids"] == [] and o["meta_info"]["finish_reason"]["type"] == "length"
+
+
+@pytest.mark.timeout(60)
+async def test_abort_returns_partial_output(engine, tiny_model):
+    p = list(range(700, 720))
+    before = (await stats(engine.url))["tokens_out"]
+    task = asyncio.create_task(post(engine.url, "/generate", gen_body(p, rid="abort-me", temperature=0,
+                                                                       max_new_tokens=3000, min_new_tokens=3000)))
+    await wait_tokens(engine.url, before + 5)
+    r = await post(engine.url, "/abort_request", {"rid": "abort-me"})
+    assert r.json()["aborted"] == 1
+    o = (await task).json()
+    n = len(o["output_ids"])
+    assert o["meta_info"]["finish_reason"]["type"] == "abort"
+    assert 5 <= n < 3000 and len(o["meta_info"]["output_token_logprobs"]) == n
+    assert greedy_path(tiny_model, p, o["output_ids"]) == o["output_ids"]
+    assert (await post(engine.url, "/abort_request", {})).status_code == 400
+
+
+@pytest.mark.timeout(90)
+async def test_pause_in_place_keeps_and_completes(engine, tiny_model):
+    ps = [list(range(900, 910)), list(range(950, 990))]
+    before = (await stats(engine.url))["tokens_out"]
+    tasks = [asyncio.create_task(generate(engine.url, p, temperature=0, max_new_tokens=300, min_new_tokens=300))
+             for p in ps]
+    await wait_tokens(engine.url, before + 4)
+    assert (await post(engine.url, "/pause_generation", {"mode": "in_place"})).json()["success"]
+    frozen = await stats(engine.url)
+    late = asyncio.create_task(generate(engine.url, [7, 7, 7], temperature=0, max_new_tokens=5))
+    await asyncio.sleep(0.5)
+    still = await stats(engine.url)
+    assert still["tokens_out"] == frozen["tokens_out"] and still["paused"]
+    assert still["running"] == 2 and still["waiting"] == 1  # caches and queue kept
+    assert not any(t.done() for t in tasks) and not late.done()
+    await post(engine.url, "/continue_generation", {})
+    outs = await asyncio.gather(*tasks)
+    for p, o in zip(ps, outs):
+        assert o["meta_info"]["finish_reason"]["type"] == "length"
+        assert len(o["output_ids"]) == 300 and greedy_path(tiny_model, p, o["output_ids"]) == o["output_ids"]
+    late_ids = (await late)["output_ids"]
+    assert len(late_ids) == 5 and greedy_path(tiny_model, [7, 7, 7], late_ids) == late_ids
+
+
+@pytest.mark.timeout(90)
+async def test_pause_abort_returns_partials_and_keeps_serving(engine, tiny_model):
+    ps = [list(range(1100, 1110)), list(range(1200, 1205))]
+    before = (await stats(engine.url))["tokens_out"]
+    tasks = [asyncio.create_task(generate(engine.url, p, temperature=0, max_new_tokens=2000, min_new_tokens=2000))
+             for p in ps]
+    await wait_tokens(engine.url, before + 6)
+    await post(engine.url, "/pause_generation", {"mode": "abort"})
+    outs = await asyncio.gather(*tasks)
+    for p, o in zip(ps, outs):
+        n = len(o["output_ids"])
+        assert o["meta_info"]["finish_reason"]["type"] == "abort" and 0 < n < 2000
+        assert greedy_path(tiny_model, p, o["output_ids"]) == o["output_ids"]
+    queued = asyncio.create_task(generate(engine.url, [3, 1, 4], temperature=0, max_new_tokens=6))
+    await asyncio.sleep(0.3)
+    assert not queued.done()  # a paused engine keeps new requests queued
+    await post(engine.url, "/continue_generation", {})
+    q = (await queued)["output_ids"]
+    assert len(q) == 6 and greedy_path(tiny_model, [3, 1, 4], q) == q
+
+
+@pytest.mark.timeout(120)
+async def test_short_requests_finish_before_long_ones(engine):
+    rng = random.Random(0)
+    long_n, short_n = 80, 5
+    specs = [("long", long_n)] * 2 + [("short", short_n)] * 6
+    rng.shuffle(specs)
+    order = []
+
+    async def one(i, kind, n):
+        p = [rng.randrange(100, 40000) for _ in range(rng.randint(5, 60))]
+        r = await post(engine.url, "/generate", {**gen_body(p, temperature=0, max_new_tokens=n, min_new_tokens=n),
+                                                 "return_token_times": True})
+        order.append(kind)
+        return kind, r.json()
+
+    results = await asyncio.gather(*[one(i, k, n) for i, (k, n) in enumerate(specs)])
+    assert order == ["short"] * 6 + ["long"] * 2
+    times = {k: [o["meta_info"]["output_token_times"] for kk, o in results if kk == k] for k in ("long", "short")}
+    first_long_token = max(t[0] for t in times["long"])
+    last_short_token = max(t[-1] for t in times["short"])
+    # the long requests were already decoding while the short ones ran, and the short ones ended first
+    assert first_long_token < last_short_token < min(t[-1] for t in times["long"])
+    assert all(len(t) == long_n for t in times["long"]) and all(len(t) == short_n for t in times["short"])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("body,needle", [
+    (b"{not json", "malformed JSON"),
+    ({"input_ids": []}, "non-empty list"),
+    ({"input_ids": [1, 49152]}, "input_ids[1]=49152"),
+    ({"input_ids": [1, -3]}, "input_ids[1]=-3"),
+    ({"input_ids": [1], "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens must be >= 0"),
+    ({"input_ids": [1], "sampling_params": {"temperature": -0.5}}, "temperature must be >= 0"),
+    ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p"),
+    ({"input_ids": [1], "sampling_params": {"tempreature": 1}}, "unknown sampling_params"),
+    (b"[1, 2]", "JSON object"),
+])
+async def test_bad_requests_get_400_and_server_keeps_serving(engine, body, needle):
+    r = await post(engine.url, "/generate", body)
+    assert r.status_code == 400
+    assert needle in r.json()["error"]
+    ok = await generate(engine.url, [1, 2], temperature=0, max_new_tokens=2)
+    assert len(ok["output_ids"]) == 2
+
+
+@pytest.mark.timeout(60)
+async def test_same_rid_retry_gets_the_same_generation(engine):
+    body = gen_body([9, 8, 7], rid="dup-1", temperature=1.0, max_new_tokens=40)
+    a, b = await asyncio.gather(post(engine.url, "/generate", body), post(engine.url, "/generate", body))
+    c = await post(engine.url, "/generate", body)  # after it finished: answered from the recent replies
+    assert a.json() == b.json() == c.json()
+    r = await post(engine.url, "/generate", gen_body([1, 1], rid="dup-1", max_new_tokens=2))
+    assert r.status_code == 200  # a finished rid may be reused for new input
