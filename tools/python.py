@@ -205,7 +205,9 @@ def _format(out: bytes, err: bytes, rc: int, timed_out: bool, capped: bool, o: d
         problems.append(f"killed by {sig.name}: {_SIGNALS.get(sig, 'signal')}")
     elif rc != 0:
         problems.append(f"exit code {rc}")
-    e = err.decode("utf-8", "replace").strip()
+    # drop the sandbox bootstrap's own frames (File "<string>") from tracebacks: the model did not write them
+    e = "\n".join(ln for ln in err.decode("utf-8", "replace").splitlines()
+                  if not ln.startswith('  File "<string>"')).strip()
     if problems or rc != 0:
         parts = [text.rstrip()] if text.strip() else []
         if e:
