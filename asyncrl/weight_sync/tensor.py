@@ -23,7 +23,9 @@ from asyncrl.weight_sync.bucketing import nbytes
 
 def serialize_named_tensors(named: Bucket) -> str:
     """ForkingPickler + base64 (SGLang's MultiprocessingSerializer.serialize(..., output_str=True))."""
-    from torch.multiprocessing.reductions import ForkingPickler
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401 - registers torch's (CUDA-IPC) reductions with ForkingPickler
 
     buf = io.BytesIO()
     ForkingPickler(buf).dump(list(named))

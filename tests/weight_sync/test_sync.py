@@ -214,3 +214,24 @@ async def test_killed_engine_is_abandoned_within_the_timeout_then_skipped(engine
     assert report.engines_ok == [a.url] and "/health failed" in report.engines_failed[b.url]
     assert sender.members == [] and version_of(a.url) == 61
     assert greedy(a.url) == ref_out
+
+
+def test_sender_handle_is_what_the_learner_actor_calls(engines, learner, ref_out):
+    """make_sender(cfg, rank, urls).sync_blocking(worker, version), as LearnerActor.sync_weights does;
+    rank > 0 only walks the (collective) gather and sends nothing."""
+    from asyncrl.config import WeightSyncConfig
+    from asyncrl.weight_sync import make_sender
+
+    url = engines[0].url  # B was killed above
+    cfg = WeightSyncConfig(transport="auto", bucket_mb=1, timeout_s=60)
+    other = make_sender(cfg, rank=1, engine_urls=[url])
+    assert other.sync_blocking(learner, 70) == {} and version_of(url) == 61
+    handle = make_sender(cfg, rank=0, engine_urls=[url])
+    try:
+        m = handle.sync_blocking(learner, 70)
+    finally:
+        handle.close()
+    assert handle.sender is None
+    assert m["sync/ok"] == 1.0 and m["sync/engines_ok"] == 1.0 and m["sync/engines_failed"] == 0.0
+    assert m["sync/buckets"] == 2.0  # 12.6 MB embedding alone (> 1 MiB), then the rest
+    assert version_of(url) == 70 and greedy(url) == ref_out
