@@ -108,6 +108,18 @@ def test_tool_config_errors_name_the_problem(tmp_path):
     assert tools["search"].config["url"] == "http://127.0.0.1:1"
 
 
+async def test_interaction_configured_by_spec(tokenizer):
+    from asyncrl.config import InteractionSpec
+
+    engine = ScriptedEngine(tokenizer, ["Answer: 16", "Answer: 17"])
+    ctx, _ = make_ctx(tokenizer, engine)
+    ctx.interactions = [InteractionSpec(name="one_try", class_name="answer_feedback", config={"max_attempts": 1})]
+    traj = await run_episode(make_sample(extra_info={"interaction_kwargs": {"name": "one_try"}}), ctx, "tool_agent")
+    assert traj.turn_rewards == [0.0] and traj.finish_reason == "stop" and len(engine.calls) == 1
+    with pytest.raises(LookupError, match="unknown interaction 'nope'"):
+        await run_episode(make_sample(extra_info={"interaction_kwargs": {"name": "nope"}}), ctx, "tool_agent")
+
+
 def test_answer_extraction_and_comparison():
     assert extract_answer("so 3 + 4 = 7.\nAnswer: 1,234 apples") == "1,234 apples"
     assert extract_answer("the total is 12 then 15.") == "15"
