@@ -84,7 +84,7 @@ def save(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
         tmp.mkdir(parents=True)
     _barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
     _write(tmp / f"rng_rank{rank}.pt", rng_state())
     _barrier()
     if rank == 0:
@@ -138,7 +138,7 @@ def load(path: str | os.PathLike, model: torch.nn.Module, optimizer: Optional[to
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         state = {"model": get_model_state_dict(model)}
-    dcp.load(state, checkpoint_id=str(p))
+    dcp.load(state, checkpoint_id=str(p), no_dist=not dist.is_initialized())
     if optimizer is not None:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     else:

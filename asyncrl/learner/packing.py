@@ -5,11 +5,15 @@ is predicted by the logits at position P_s + i - 1 of the concatenation; only po
 response token has loss_mask = 1 are projected onto the vocabulary (`keep`), so neither padding nor
 tool output costs an lm_head row.
 
-- packed: the sequences of a micro-batch are concatenated into ONE row with position_ids restarting
-  at 0 for each sequence and no attention mask; transformers then builds a block-diagonal causal mask
-  from the position_ids (masking_utils.find_packed_sequence_indices), so each sequence attends only to
-  itself and the result equals separate forwards (verified in tests/learner/test_packing.py). Budget:
-  the sum of lengths <= token_budget. Bins are filled first-fit in decreasing length order.
+- packed: the sequences of a micro-batch are concatenated into rows no longer than its longest
+  sequence (first-fit decreasing), with position_ids restarting at 0 for each sequence and no attention
+  mask; transformers then builds a block-diagonal causal mask from the position_ids
+  (masking_utils.find_packed_sequence_indices), so each sequence attends only to itself and the result
+  equals separate forwards (verified in tests/learner/test_packing.py). A row shorter than the longest
+  is filled up with a padding segment of its own (positions restarting at 0, no logits kept). Rows are
+  capped at the longest sequence, not at the budget, because on CPU the masked attention of one long
+  row still costs (row length)^2. Budget: the sum of lengths <= token_budget, micro-batches filled
+  first-fit in decreasing length order; padding is only the tails of the rows.
 - padded: one row per sequence, right-padded to the longest of the micro-batch, with an attention
   mask. Budget: n * max_len <= token_budget, sequences taken in their given order (the naive baseline).
 A sequence longer than the budget gets a micro-batch of its own.
@@ -69,18 +73,7 @@ def plan_micro_batches(lengths: Sequence[int], token_budget: int, packing: bool)
     if token_budget < 1:
         raise ValueError(f"algorithm.micro_batch_tokens must be >= 1, got {token_budget}")
     if packing:
-        bins: list[list[int]] = []
-        loads: list[int] = []
-        for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
-            for b, load in enumerate(loads):
-                if load + lengths[i] <= token_budget:
-                    bins[b].append(i)
-                    loads[b] += lengths[i]
-                    break
-            else:
-                bins.append([i])
-                loads.append(lengths[i])
-        return [sorted(b) for b in bins]
+        return first_fit_decreasing(lengths, token_budget)
     out: list[list[int]] = []
     cur: list[int] = []
     for i, n in enumerate(lengths):
@@ -91,6 +84,23 @@ def plan_micro_batches(lengths: Sequence[int], token_budget: int, packing: bool)
     if cur:
         out.append(cur)
     return out
+
+
+def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Bins of indices whose lengths sum to <= capacity (an item longer than capacity gets its own bin),
+    items taken longest first, each into the first bin it fits; bins listed in creation order, sorted inside."""
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
+        for b, load in enumerate(loads):
+            if load + lengths[i] <= capacity:
+                bins[b].append(i)
+                loads[b] += lengths[i]
+                break
+        else:
+            bins.append([i])
+            loads.append(lengths[i])
+    return [sorted(b) for b in bins]
 
 
 def _targets(seqs: Sequence[SeqSpec], row_of: Sequence[int], offset_of: Sequence[int], shape) -> tuple:
@@ -116,10 +126,20 @@ def build_micro_batch(seqs: Sequence[SeqSpec], seq_index: Sequence[int], packing
     lengths = [s.length for s in seqs]
     max_resp = max((s.loss_mask.numel() for s in seqs), default=0)
     if packing:
-        ids = torch.cat([s.input_ids.long() for s in seqs]).unsqueeze(0)
-        pos = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
-        offsets = [sum(lengths[:k]) for k in range(len(seqs))]
-        keep, tgt, row, col = _targets(seqs, [0] * len(seqs), offsets, ids.shape)
+        rows = first_fit_decreasing(lengths, max(lengths))
+        L = max(sum(lengths[n] for n in row) for row in rows)
+        ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
+        pos = torch.zeros((len(rows), L), dtype=torch.long)
+        row_of, offsets = [0] * len(seqs), [0] * len(seqs)
+        for r, row in enumerate(rows):
+            off = 0
+            for n in row:
+                ids[r, off : off + lengths[n]] = seqs[n].input_ids.long()
+                pos[r, off : off + lengths[n]] = torch.arange(lengths[n])
+                row_of[n], offsets[n] = r, off
+                off += lengths[n]
+            pos[r, off:] = torch.arange(L - off)  # the tail is a padding "sequence" of its own; no logits kept
+        keep, tgt, row, col = _targets(seqs, row_of, offsets, ids.shape)
         attn = None
     else:
         L = max(lengths)

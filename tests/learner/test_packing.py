@@ -25,28 +25,37 @@ def test_plan_padded_counts_padding_against_the_budget():
 
 def _seqs():
     mk = lambda ids, p, m: SeqSpec(torch.tensor(ids), p, torch.tensor(m, dtype=torch.bool))  # noqa: E731
-    return [mk([11, 12, 13, 14, 15], 2, [1, 0, 1]), mk([21, 22, 23], 1, [1, 1])]
+    return [mk([11, 12, 13, 14, 15], 2, [1, 0, 1]), mk([21, 22, 23], 1, [1, 1]), mk([31, 32], 1, [1])]
 
 
 def test_packed_layout_positions_and_targets():
-    mb = build_micro_batch(_seqs(), [4, 7], packing=True)
-    assert mb.input_ids.tolist() == [[11, 12, 13, 14, 15, 21, 22, 23]]
-    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2]]
-    assert mb.attention_mask is None
-    # seq 0 (P=2): response tokens 13 (pos 1 predicts), 14 (masked), 15 (pos 3); seq 1 (P=1): 22 (pos 5), 23 (pos 6)
-    assert mb.keep.nonzero()[:, 1].tolist() == [1, 3, 5, 6]
-    assert mb.targets.tolist() == [13, 15, 22, 23]
-    assert mb.out_row.tolist() == [0, 0, 1, 1] and mb.out_col.tolist() == [0, 2, 0, 1]
-    rows = scatter_rows(torch.tensor([1.0, 2.0, 3.0, 4.0]), mb)
-    assert rows.tolist() == [[1.0, 0.0, 2.0], [3.0, 4.0, 0.0]]
+    # rows capped at the longest sequence (5): [A] and [B + C]
+    mb = build_micro_batch(_seqs(), [4, 7, 9], packing=True)
+    assert mb.input_ids.tolist() == [[11, 12, 13, 14, 15], [21, 22, 23, 31, 32]]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 1]]
+    assert mb.attention_mask is None and mb.compute_tokens == 10 == mb.num_tokens
+    # A (P=2): 13 from pos 1, 14 masked, 15 from pos 3; B (P=1): 22 from pos 0, 23 from pos 1; C: 32 from pos 3
+    assert mb.keep.nonzero().tolist() == [[0, 1], [0, 3], [1, 0], [1, 1], [1, 3]]
+    assert mb.targets.tolist() == [13, 15, 22, 23, 32]
+    assert mb.out_row.tolist() == [0, 0, 1, 1, 2] and mb.out_col.tolist() == [0, 2, 0, 1, 0]
+    rows = scatter_rows(torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]), mb)
+    assert rows.tolist() == [[1.0, 0.0, 2.0], [3.0, 4.0, 0.0], [5.0, 0.0, 0.0]]
+
+
+def test_packed_row_tail_is_a_padding_segment():
+    s = _seqs()
+    mb = build_micro_batch([s[0], s[1]], [0, 1], packing=True, pad_id=0)
+    assert mb.input_ids.tolist() == [[11, 12, 13, 14, 15], [21, 22, 23, 0, 0]]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 1]]
+    assert mb.keep[1, 3:].tolist() == [False, False]
 
 
 def test_padded_layout():
-    mb = build_micro_batch(_seqs(), [0, 1], packing=False, pad_id=0)
-    assert mb.input_ids.tolist() == [[11, 12, 13, 14, 15], [21, 22, 23, 0, 0]]
-    assert mb.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
-    assert mb.targets.tolist() == [13, 15, 22, 23]
-    assert mb.compute_tokens == 10 and mb.num_tokens == 8
+    mb = build_micro_batch(_seqs(), [0, 1, 2], packing=False, pad_id=0)
+    assert mb.input_ids.tolist() == [[11, 12, 13, 14, 15], [21, 22, 23, 0, 0], [31, 32, 0, 0, 0]]
+    assert mb.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0]]
+    assert mb.targets.tolist() == [13, 15, 22, 23, 32]
+    assert mb.compute_tokens == 15 and mb.num_tokens == 10
 
 
 def test_seq_spec_rejects_bad_shapes():
@@ -64,13 +73,15 @@ def test_packed_and_padded_rows_score_like_separate_forwards(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(0)
     seqs = []
-    for n, p in [(9, 3), (5, 1), (12, 6), (2, 1)]:
+    for n, p in [(9, 3), (5, 1), (12, 6), (2, 1), (3, 2)]:
         m = torch.rand(n - p, generator=g) > 0.25
         seqs.append(SeqSpec(torch.randint(5, 3000, (n,), generator=g), p, m))
     with torch.no_grad():
         ref = [model(input_ids=s.input_ids[None]).logits[0] for s in seqs]
         for packing in (True, False):
-            mb = build_micro_batch(seqs, list(range(4)), packing)
+            mb = build_micro_batch(seqs, list(range(len(seqs))), packing)
+            if packing:
+                assert mb.input_ids.shape[0] < len(seqs)  # several sequences share a row
             out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask,
                         use_cache=False, logits_to_keep=mb.keep).logits.reshape(-1, model.config.vocab_size)
             got = scatter_rows(token_logprobs(out, mb.targets, 0.7), mb)
