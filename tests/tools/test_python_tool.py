@@ -92,5 +92,26 @@ async def test_output_is_capped(tool):
     assert len(text) < 2100
 
 
-def test_netns_probe_is_a_bool():
-    assert netns_available() in (True, False)
+CTYPES_CONNECT = """
+import ctypes, struct
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.socket(2, 1, 0)
+addr = struct.pack('<H', 2) + struct.pack('!H', {port}) + bytes([127, 0, 0, 1]) + bytes(8)
+print('rc', libc.connect(fd, ctypes.c_char_p(addr), 16))
+"""
+
+
+@pytest.mark.skipif(not netns_available(), reason="unshare -n is not permitted here")
+async def test_network_namespace_stops_what_the_audit_hook_cannot_see(tool):
+    """A raw connect() through ctypes bypasses Python's audit hooks; the empty network namespace still refuses it."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    srv.settimeout(3)
+    try:
+        text, _, _ = await tool.execute("ep", {"code": CTYPES_CONNECT.format(port=srv.getsockname()[1])})
+        assert text == "rc -1\n"
+        with pytest.raises(socket.timeout):
+            srv.accept()
+    finally:
+        srv.close()
