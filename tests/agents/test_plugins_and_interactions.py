@@ -93,6 +93,17 @@ async def test_verl_tool_yaml_loads_and_runs(tokenizer, tmp_path):
     assert traj.metrics["tool_error"] == 1 and traj.reward == 1.0
 
 
+@pytest.mark.parametrize("env,names", [("arithmetic", ["calculator"]), ("search_r1", ["search"])])
+def test_tool_specs_from_the_real_config_tree(env, names):
+    from asyncrl.config import ToolSpec, load_config
+
+    cfg = load_config([f"env={env}"])
+    assert all(isinstance(t, ToolSpec) for t in cfg.env.tools)
+    specs = load_tool_specs(cfg.env.tools, cfg.env.tools_config)
+    assert [s.tool_schema["function"]["name"] for s in specs] == names
+    assert cfg.env.tools[0].tool_schema is None  # the caller's config is not modified
+
+
 def test_tool_config_errors_name_the_problem(tmp_path):
     with pytest.raises(LookupError, match="unknown tool 'calculater'"):
         load_tool_specs(["calculater"])
