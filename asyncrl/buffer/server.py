@@ -121,6 +121,10 @@ class BufferService:
         self.eta: Optional[int] = None
         self.counts = {"malformed": 0, "bytes_received": 0, "busy_replies": 0, "requests": 0}
         self._parked: dict[bytes, _Parked] = {}
+        self._sync_fut = None  # running fsync (batched policy) and the replies it releases
+        self._in_sync: list[list[bytes]] = []
+        self._after_sync: list[list[bytes]] = []  # replies waiting for the next fsync
+        self._need_sync = False
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._ctx: Optional[zmq.Context] = None
@@ -226,6 +230,8 @@ class BufferService:
         while not self._stop.is_set():
             now = time.monotonic()
             wait = min([50.0] + [max(0.0, (p.deadline - now) * 1000) for p in self._parked.values()])
+            if self._sync_fut is not None:
+                wait = min(wait, 1.0)  # come back soon to release the acks of the running fsync
             msgs = []
             if poller.poll(wait):
                 while len(msgs) < DRAIN_MAX:
@@ -238,18 +244,46 @@ class BufferService:
             for m in msgs:
                 self._handle(m, records, replies)
             self._answer_parked(records, replies)
-            if records:
-                if self.wal.policy == "each":  # every record fsynced on its own
-                    for r in records:
-                        self.wal.append_many([r])
-                else:  # one write (and under "batched" one fsync) for the round: group commit
-                    self.wal.append_many(records)
-                self.wal.sync()
-            for r in replies:
-                try:
-                    sock.send_multipart(r, zmq.NOBLOCK)
-                except zmq.ZMQError:  # peer gone or its queue full: never block on a peer
-                    pass
+            if self.wal.policy == "batched":
+                self._group_commit(records, replies)
+                continue
+            if self.wal.policy == "each":  # every record fsynced on its own, before any ack
+                for r in records:
+                    self.wal.append_many([r])
+            else:
+                self.wal.append_many(records)
+            self._send(replies)
+
+    def _group_commit(self, records: list[bytes], replies: list[list[bytes]]) -> None:
+        """Write this round's records; replies wait for the fsync that covers them. One fsync runs at a
+        time on a helper thread; rounds arriving meanwhile queue behind the next one. While anything
+        is unsynced every reply waits (a 'dup' ack or a served batch may rest on unsynced records)."""
+        if records:
+            self.wal.append_many(records)
+        if records or self._sync_fut is not None or self._after_sync:
+            self._after_sync += replies
+            self._need_sync = self._need_sync or bool(records)
+        else:
+            self._send(replies)
+        if self._sync_fut is not None and self._sync_fut.done():
+            self._sync_fut.result()  # an fsync error ends the loop loudly (join() re-raises it)
+            self._send(self._in_sync)
+            self._in_sync, self._sync_fut = [], None
+        if self._sync_fut is None and (self._need_sync or self._after_sync):
+            if self._need_sync:
+                self._in_sync, self._after_sync = self._after_sync, []
+                self._need_sync = False
+                self._sync_fut = self.wal.sync_async()
+            else:  # nothing new written since the last fsync completed
+                self._send(self._after_sync)
+                self._after_sync = []
+
+    def _send(self, replies: list[list[bytes]]) -> None:
+        for r in replies:
+            try:
+                self._sock.send_multipart(r, zmq.NOBLOCK)
+            except zmq.ZMQError:  # peer gone or its queue full: never block on a peer
+                pass
 
     def _handle(self, m: list[bytes], records: list[bytes], replies: list[list[bytes]]) -> None:
         self.counts["requests"] += 1
@@ -379,7 +413,7 @@ class BufferService:
 
     def stats(self) -> dict:
         return {**self.state.stats(self.version), **self.counts, "version": self.version,
-                "wal_bytes_written": self.wal.bytes_written}
+                "wal_bytes_written": self.wal.bytes_written, "wal_fsyncs": self.wal.fsyncs}
 
 
 def serve_forever(cfg: BufferConfig, wal_dir) -> None:

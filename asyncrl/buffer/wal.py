@@ -5,9 +5,10 @@ Record layout (little-endian): ``u32 length | u32 crc32(kind + payload) | u8 kin
 the log is read up to the first short or checksum-failing record and truncated there, so everything
 before it (everything that was acknowledged) survives and nothing half-written is replayed.
 
-Durability policy (``fsync``): ``each`` fsyncs after every record, ``batched`` after every
-``sync()`` (the server calls it once per drained batch of requests, before it sends the acks: group
-commit), ``off`` never (data written with ``os.write`` is in the page cache, so it survives a killed
+Durability policy (``fsync``): ``each`` fsyncs after every record, ``batched`` once per group of
+records (the server writes each drained round of requests with one syscall and starts one fsync with
+`sync_async`; the acks of those records wait for it, new requests do not: pipelined group commit),
+``off`` never (data written with ``os.write`` is in the page cache, so it survives a killed
 process but not a machine crash).
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -67,7 +69,9 @@ class WriteAheadLog:
         self.policy = fsync
         self._fd: int | None = None
         self._dirty = False
+        self._pool: ThreadPoolExecutor | None = None
         self.bytes_written = 0
+        self.fsyncs = 0
 
     def replay(self) -> Iterator[tuple[int, bytes]]:
         """Intact records of the existing log (a torn tail is cut off on disk before returning)."""
@@ -120,9 +124,25 @@ class WriteAheadLog:
         """Make appended records durable if the policy asks for it (``batched``; ``each`` does it per record)."""
         if self._fd is not None and self._dirty and (force or self.policy == "batched"):
             os.fsync(self._fd)
+            self.fsyncs += 1
             self._dirty = False
 
+    def sync_async(self) -> Future:
+        """Start an fsync of everything written so far on a helper thread and return its future: the
+        caller keeps working (and writing) meanwhile and releases the acks of the records written
+        before this call once the future is done (pipelined group commit)."""
+        if self._fd is None:
+            raise WalError("write-ahead log is not open")
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="asyncrl-wal-fsync")
+        self._dirty = False
+        self.fsyncs += 1
+        return self._pool.submit(os.fsync, self._fd)
+
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         if self._fd is not None:
             if self._dirty and self.policy != "off":
                 os.fsync(self._fd)

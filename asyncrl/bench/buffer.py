@@ -1,0 +1,272 @@
+"""Replay-buffer throughput: 4 producer processes -> 1 consumer, realistic 2,048-token trajectories.
+
+Three transports carry the same payload bytes (a msgpack Trajectory with all its arrays and a
+readable conversation, ~30 KB):
+  (a) asyncrl: the buffer service in its own process (`asyncrl buffer`, WAL with ``fsync=batched``),
+      producers `AsyncBufferProducer.put_bytes` (a window of concurrent puts, each acked after the WAL
+      append), the consumer `BufferConsumer.get_batch` (decoded `Batch`) and one `commit` at the end
+      (a learner commits at its checkpoint);
+  (b) a Ray actor queue, the shape of verl's async message queue: an actor with put/get methods,
+      producers (Ray actors) calling ``ray.get(queue.put.remote(payload))``, the consumer polling
+      ``ray.get(queue.get.remote(n))``;
+  (c) raw pyzmq PUSH -> PULL of the same bytes, no log, no ack: the ceiling.
+Time runs from the moment all producers are released until the consumer holds every trajectory.
+Reports trajectories/s and MB/s of each, and the ratios a/b and a/c.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+UID_WIDTH = 12  # uids are "p<k>-<index>" padded to a fixed width so the template can be patched
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trajectories", type=int, default=4000, help="total, split over the producers")
+    parser.add_argument("--producers", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=2048, help="prompt + response tokens per trajectory")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--batch-groups", type=int, default=16, help="groups per get_batch (one learner step)")
+    parser.add_argument("--window", type=int, default=64,
+                        help="concurrent puts per asyncrl producer (a worker's concurrent agent loops)")
+    parser.add_argument("--fsync", choices=("each", "batched", "off"), default="batched")
+    parser.add_argument("--skip-ray", action="store_true")
+
+
+# ---------------------------------------------------------------------------- payloads
+
+
+def template(tokens: int, group_size: int = 8) -> bytes:
+    """A realistic trajectory: 1/4 prompt, 3/4 response with two tool turns, readable messages."""
+    from asyncrl.schema import Array, Trajectory, encode
+
+    rng = np.random.default_rng(0)
+    p = tokens // 4
+    r = tokens - p
+    mask = np.ones(r, dtype=np.uint8)
+    mask[r // 3: r // 3 + 64] = 0  # tool output
+    mask[2 * r // 3: 2 * r // 3 + 64] = 0
+    versions = np.where(mask == 1, 3, -1).astype(np.int32)
+    versions[r // 2:] = np.where(mask[r // 2:] == 1, 4, -1)  # spans a weight update
+    logp = np.where(mask == 1, -rng.exponential(1.0, r), 0).astype(np.float32)
+    t = Trajectory(
+        uid="x" * UID_WIDTH, group_id="g" * UID_WIDTH, group_size=group_size, env="arithmetic", agent="tool_agent",
+        prompt_ids=Array.from_numpy(rng.integers(0, 49152, p, dtype=np.int32)),
+        response_ids=Array.from_numpy(rng.integers(0, 49152, r, dtype=np.int32)),
+        loss_mask=Array.from_numpy(mask), behavior_logprobs=Array.from_numpy(logp),
+        versions=Array.from_numpy(versions), reward=1.0, turn_rewards=[0.0, 0.0, 1.0], num_turns=3,
+        metrics={"tool_calls": 2.0, "response_tokens": float(r)},
+        messages=[{"role": "user", "content": "w " * p}, {"role": "assistant", "content": "w " * (r // 3)},
+                  {"role": "tool", "content": "w " * 64}, {"role": "assistant", "content": "w " * (r // 3)}])
+    return encode(t)
+
+
+def payload(tmpl: bytes, producer: int, index: int, group_size: int) -> bytes:
+    uid = f"p{producer}-{index}".ljust(UID_WIDTH, "_").encode()
+    gid = f"p{producer}-{index // group_size}".ljust(UID_WIDTH, "_").encode()
+    return tmpl.replace(b"x" * UID_WIDTH, uid, 1).replace(b"g" * UID_WIDTH, gid, 1)
+
+
+# ---------------------------------------------------------------------------- producer processes
+
+
+def _asyncrl_producer(addr, k, n, tokens, group_size, window, barrier):
+    from asyncrl.buffer.client import AsyncBufferProducer
+
+    tmpl = template(tokens, group_size)
+
+    async def main():
+        prod = AsyncBufferProducer(addr, timeout_s=30.0)
+        await prod.put_bytes(payload(template(tokens, 1), k, 10**6, 1))  # warm the connection (a group of 1)
+        barrier.wait()
+        sem = asyncio.Semaphore(window)
+
+        async def one(i):
+            async with sem:
+                await prod.put_bytes(payload(tmpl, k, i, group_size))
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+        await prod.close()
+
+    asyncio.run(main())
+
+
+def _zmq_producer(addr, k, n, tokens, group_size, barrier):
+    import zmq
+
+    tmpl = template(tokens, group_size)
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PUSH)
+    s.connect(addr)
+    barrier.wait()
+    for i in range(n):
+        s.send(payload(tmpl, k, i, group_size))
+    s.close(linger=-1)
+    ctx.term()
+
+
+def _start(target, args, nprod, barrier_parties):
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(barrier_parties)
+    procs = [ctx.Process(target=target, args=(*args(k), barrier), daemon=True) for k in range(nprod)]
+    for p in procs:
+        p.start()
+    return procs, barrier
+
+
+def _per_producer(a) -> int:
+    """Whole groups per producer, so every group completes."""
+    per = a.trajectories // a.producers // a.group_size * a.group_size
+    if per < a.group_size:
+        raise ValueError(f"--trajectories={a.trajectories} gives less than one group of {a.group_size} per producer")
+    return per
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------- the three runs
+
+
+def run_asyncrl(a) -> tuple[float, int]:
+    from asyncrl.buffer.client import BufferConsumer
+
+    per = _per_producer(a)
+    wal = tempfile.mkdtemp(prefix="asyncrl-bench-wal-")
+    srv = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "buffer", "--wal-dir", wal, "--fsync", a.fsync,
+                            "--port", str(_free_port())], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        addr = srv.stdout.readline().split()[1]
+        procs, barrier = _start(_asyncrl_producer,
+                                lambda k: (addr, k, per, a.tokens, a.group_size, a.window), a.producers, a.producers + 1)
+        c = BufferConsumer(addr, timeout_s=30)
+        warm = c.get_batch(a.producers, 0, 10, timeout_s=60)  # the warm-up groups of 1
+        c.commit([warm.batch_id], 0)
+        barrier.wait()
+        t0 = time.perf_counter()
+        got = nbytes = 0
+        need = per * a.producers
+        ids = []
+        while got < need:
+            left_groups = (need - got) // a.group_size
+            b = c.get_batch(min(a.batch_groups, left_groups), current_version=4, max_staleness=4, timeout_s=30)
+            if b is None:
+                raise RuntimeError(f"asyncrl run stalled at {got}/{need} trajectories: {c.stats()}")
+            ids.append(b.batch_id)
+            for t in b.trajectories():
+                got += 1
+                nbytes += t.num_tokens  # touch the decoded struct
+        c.commit(ids, step=1)  # a learner commits at its checkpoint, not per batch
+        dt = time.perf_counter() - t0
+        c.close()
+        for p in procs:
+            p.join(30)
+        return dt, got
+    finally:
+        srv.terminate()
+        srv.wait(10)
+        subprocess.run(["rm", "-rf", wal])
+
+
+def run_zmq(a) -> tuple[float, int]:
+    import zmq
+
+    per = _per_producer(a)
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PULL)
+    port = s.bind_to_random_port("tcp://127.0.0.1")
+    procs, barrier = _start(_zmq_producer, lambda k: (f"tcp://127.0.0.1:{port}", k, per, a.tokens, a.group_size),
+                            a.producers, a.producers + 1)
+    barrier.wait()
+    t0 = time.perf_counter()
+    got = 0
+    while got < per * a.producers:
+        s.recv(copy=False)
+        got += 1
+    dt = time.perf_counter() - t0
+    for p in procs:
+        p.join(30)
+    s.close(linger=0)
+    ctx.term()
+    return dt, got
+
+
+def run_ray(a) -> tuple[float, int]:
+    import ray
+
+    @ray.remote
+    class RayQueue:  # the shape of verl's async message queue: put one, get many
+        def __init__(self):
+            from collections import deque
+
+            self.q = deque()
+
+        def put(self, obj) -> bool:
+            self.q.append(obj)
+            return True
+
+        def get(self, n: int) -> list:
+            return [self.q.popleft() for _ in range(min(n, len(self.q)))]
+
+    @ray.remote
+    class RayProducer:
+        def __init__(self, k, tokens, group_size):
+            self.k, self.tmpl = k, template(tokens, group_size)
+
+        def ready(self) -> bool:
+            return True
+
+        def run(self, queue, n, group_size) -> int:
+            for i in range(n):
+                ray.get(queue.put.remote(payload(self.tmpl, self.k, i, group_size)))
+            return n
+
+    per = _per_producer(a)
+    ray.init(num_cpus=a.producers + 2, include_dashboard=False, log_to_driver=False)
+    try:
+        q = RayQueue.remote()
+        prods = [RayProducer.remote(k, a.tokens, a.group_size) for k in range(a.producers)]
+        ray.get([p.ready.remote() for p in prods] + [q.get.remote(0)])
+        n_batch = a.batch_groups * a.group_size
+        t0 = time.perf_counter()
+        done = [p.run.remote(q, per, a.group_size) for p in prods]
+        got = 0
+        while got < per * a.producers:
+            items = ray.get(q.get.remote(n_batch))
+            got += len(items)
+            if not items:
+                time.sleep(0.001)
+        dt = time.perf_counter() - t0
+        ray.get(done)
+        return dt, got
+    finally:
+        ray.shutdown()
+
+
+def run(args: argparse.Namespace) -> dict:
+    size = len(template(args.tokens))
+    out: dict = {"trajectory_bytes": size, "trajectories": _per_producer(args) * args.producers, "producers": args.producers,
+                 "fsync": args.fsync, "cpus": os.cpu_count()}
+    for name, fn in (("zmq", run_zmq), ("asyncrl", run_asyncrl), ("ray", None if args.skip_ray else run_ray)):
+        if fn is None:
+            continue
+        dt, n = fn(args)
+        out[f"{name}_traj_per_s"] = round(n / dt, 1)
+        out[f"{name}_mb_per_s"] = round(n * size / dt / 1e6, 1)
+    if "ray_traj_per_s" in out:
+        out["a_over_b"] = round(out["asyncrl_traj_per_s"] / out["ray_traj_per_s"], 2)
+    out["a_over_c"] = round(out["asyncrl_traj_per_s"] / out["zmq_traj_per_s"], 3)
+    return out
