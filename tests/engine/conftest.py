@@ -9,31 +9,50 @@ import httpx
 import pytest
 
 
+def build_untied(tiny_model_dir, out, seed: int):
+    """The tiny model's architecture with an untied, seeded lm_head. (With tied random embeddings the
+    greedy path just repeats the last prompt token, which would make token-by-token checks weak.)"""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+
+    cfg = AutoConfig.from_pretrained(tiny_model_dir)
+    cfg.tie_word_embeddings = False
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
+    return out
+
+
 @pytest.fixture(scope="session")
-def tiny_model(tiny_model_dir):
-    """The tiny model loaded in the test process (the reference for token-by-token checks)."""
+def engine_model_dir(tiny_model_dir, tmp_path_factory):
+    return build_untied(tiny_model_dir, tmp_path_factory.mktemp("tiny_untied"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(engine_model_dir):
+    """The engines' model loaded in the test process (the reference for token-by-token checks)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(engine_model_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="session")
-def engine(tiny_model_dir):
+def engine(engine_model_dir):
     """One shared embedded engine server (port 0, one torch thread). Tests must not change its weights."""
     from asyncrl.engine.launcher import launch_embedded
 
-    proc = launch_embedded(tiny_model_dir, max_running_seqs=16, threads=1, startup_timeout_s=120)
+    proc = launch_embedded(engine_model_dir, max_running_seqs=16, threads=1, startup_timeout_s=120)
     yield proc
     proc.stop()
 
 
 @pytest.fixture(scope="session")
-def engine2(tiny_model_dir):
+def engine2(engine_model_dir):
     """A second server (router tests)."""
     from asyncrl.engine.launcher import launch_embedded
 
-    proc = launch_embedded(tiny_model_dir, max_running_seqs=16, threads=1, startup_timeout_s=120)
+    proc = launch_embedded(engine_model_dir, max_running_seqs=16, threads=1, startup_timeout_s=120)
     yield proc
     proc.stop()
 
