@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from asyncrl.agents.base import run_episode
 from asyncrl.agents.parsers import HermesParser, ReactParser, get_parser
 

@@ -17,8 +17,8 @@ from typing import Optional
 
 import pytest
 import torch
-
 from asyncrl.agents.base import run_episode
+
 from asyncrl.config import SamplingConfig
 from asyncrl.engine.base import GenerateResult, SamplingParams
 
@@ -98,7 +98,7 @@ def expected_feedback_delta(tokenizer, g1: list[int], answer_text: str) -> list[
 
 
 async def run_checks(engine, tokenizer, model, atol: float) -> None:
-    ctx, reward = make_ctx(tokenizer, engine, max_turn_tokens=6, max_response_tokens=200, max_user_turns=1,
+    ctx, _ = make_ctx(tokenizer, engine, max_turn_tokens=6, max_response_tokens=200, max_user_turns=1,
                            sampling=SamplingConfig(temperature=0.0))
     sample = make_sample(extra_info={"interaction_kwargs": {"name": "answer_feedback"}})
     traj = await run_episode(sample, ctx, "tool_agent")
