@@ -84,8 +84,8 @@ class BenchAgent:
 
         tok, cfg = ctx.tokenizer, ctx.cfg
         rng = _rng("len", sample.uid)
-        prompt = tok.apply_chat_template(sample.messages, add_generation_prompt=True, tokenize=True)
-        prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+        text = tok.apply_chat_template(sample.messages, add_generation_prompt=True, tokenize=False)
+        prompt = tok.encode(text, add_special_tokens=False)
         ids, mask, lps, vers, texts = [], [], [], [], []
         tool = SlowTool()
         tool_reward = 0.0

@@ -62,7 +62,7 @@ class EvalActor:
                 engine=EngineClient(self.urls), tokenizer=load_tokenizer(self.cfg.model), cfg=self.cfg.agent,
                 tool_specs=load_tool_specs(self.cfg.env.tools, self.cfg.env.tools_config),
                 reward_fn=resolve_reward_fn(self.cfg.env), env_name=self.cfg.env.name,
-                tool_overrides=dict(self.overrides),
+                tool_overrides=dict(self.overrides), interactions=list(self.cfg.env.interactions),
             )
         out = await evaluate_rows(self.ctx, self.rows, self.cfg.trainer.eval_pass_k, self.cfg.agent.name)
         return {**out, "eval/version": version}

@@ -72,7 +72,7 @@ class RolloutWorker:
             engine=self.engine, tokenizer=tokenizer, cfg=cfg.agent,
             tool_specs=load_tool_specs(cfg.env.tools, cfg.env.tools_config),
             reward_fn=resolve_reward_fn(cfg.env), env_name=cfg.env.name,
-            tool_overrides=dict(tool_overrides or {}),
+            tool_overrides=dict(tool_overrides or {}), interactions=list(cfg.env.interactions),
         )
         self.producer = AsyncBufferProducer(buffer_address)
         self._episodes = asyncio.Semaphore(cfg.trainer.episodes_per_worker)
