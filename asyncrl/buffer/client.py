@@ -25,7 +25,7 @@ import zmq
 import zmq.asyncio
 
 from asyncrl.buffer import protocol as P
-from asyncrl.schema import Batch, Trajectory
+from asyncrl.schema import Batch, Trajectory  # noqa: F401 (Batch: the get_batch return type)
 
 
 BUSY_WAIT_S = 0.05  # first wait after a back-pressure reply (doubles up to 1 s)
@@ -238,21 +238,22 @@ class BufferConsumer:
         _curve(self._sock, curve_server_public)
         self._sock.connect(address)
         self._ids = _ids()
-        self._late_batches: list[bytes] = []
-        self._dec = msgspec.msgpack.Decoder(Batch)
+        self._late_batches: list[list] = []
 
-    def _wait_reply(self, req_id: bytes, deadline: float) -> Optional[tuple[bytes, bytes]]:
+    def _wait_reply(self, req_id: bytes, deadline: float) -> Optional[tuple[bytes, list]]:
+        """(status, body frames) of the reply to `req_id`, or None at the deadline."""
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not self._sock.poll(left * 1000):
                 return None
-            frames = self._sock.recv_multipart()
-            if len(frames) != 3:
+            frames = self._sock.recv_multipart(copy=False)
+            if len(frames) < 3:
                 continue
-            if frames[0] == req_id:
-                return frames[1], frames[2]
-            if frames[1] == P.BATCH:  # a batch for a GET we gave up on: keep it, it was served
-                self._late_batches.append(frames[2])
+            rid, status = frames[0].bytes, frames[1].bytes
+            if rid == req_id:
+                return status, frames[2:]
+            if status == P.BATCH:  # a batch for a GET we gave up on: keep it, it was served
+                self._late_batches.append(frames[2:])
 
     def _send(self, frames: list[bytes]) -> bool:
         try:
@@ -269,9 +270,10 @@ class BufferConsumer:
             got = self._wait_reply(req_id, time.monotonic() + self.timeout_s)
             if got is None:
                 continue
-            if got[0] == P.ERR:
-                raise BufferError(f"buffer at {self.address} refused {op.decode()}: {got[1].decode(errors='replace')}")
-            return got
+            status, body = got[0], got[1][0].bytes
+            if status == P.ERR:
+                raise BufferError(f"buffer at {self.address} refused {op.decode()}: {body.decode(errors='replace')}")
+            return status, body
         raise BufferTimeout(f"buffer at {self.address} did not answer {op.decode()} in "
                             f"{self.REQUEST_TRIES} tries of {self.timeout_s}s")
 
@@ -280,7 +282,7 @@ class BufferConsumer:
         """`n_groups` complete groups whose trajectories are all at least current_version - max_staleness
         old, or None if the buffer has not got them within `timeout_s`."""
         if self._late_batches:
-            return self._dec.decode(self._late_batches.pop(0))
+            return P.decode_batch([f.buffer for f in self._late_batches.pop(0)])
         req_id = next(self._ids)
         body = P.pack(P.GetRequest(n_groups, current_version, max_staleness, int(timeout_s * 1000)))
         if not self._send([req_id, P.GET, body]):
@@ -288,12 +290,12 @@ class BufferConsumer:
         got = self._wait_reply(req_id, time.monotonic() + timeout_s + self.GRACE_S)
         if got is None:
             return None
-        status, reply = got
+        status, frames = got
         if status == P.BATCH:
-            return self._dec.decode(reply)
+            return P.decode_batch([f.buffer for f in frames])
         if status == P.EMPTY:
             return None
-        raise BufferError(f"buffer at {self.address} refused GET: {reply.decode(errors='replace')}")
+        raise BufferError(f"buffer at {self.address} refused GET: {frames[0].bytes.decode(errors='replace')}")
 
     def commit(self, batch_ids: list[int], step: int) -> None:
         """The learner trained on these batches and checkpointed at `step`: never serve them again."""

@@ -13,7 +13,7 @@ PUTS       one frame per trajectory (a client's   OK with a msgpack list of per-
            concurrent puts, coalesced; at most    ``"new"`` | ``"dup"`` | ``"late"`` | ``"busy"``
            `MAX_PUTS` items)                      | ``"err: <why>"``
 FAIL       msgpack `FailReport`                   OK
-GET        msgpack `GetRequest`                   BATCH (msgpack `Batch`) or EMPTY on its deadline
+GET        msgpack `GetRequest`                   BATCH (`batch_frames`) or EMPTY on its deadline
 COMMIT     msgpack `CommitRequest`                OK
 VERSION    msgpack `VersionRequest`               OK
 STATS      empty                                  STATS (msgpack dict)
@@ -97,18 +97,35 @@ class Snapshot(msgspec.Struct, frozen=True):
     next_batch_id: int
 
 
-# The batch reply reuses the trajectories' bytes as received (msgspec.Raw): no decode/re-encode on
-# the way out, and the client decodes it as asyncrl.schema.Batch (same msgpack shape).
-class WireGroup(msgspec.Struct, kw_only=True):
-    group_id: str
-    trajectories: list[msgspec.Raw]
-    expected: int
-    failed: int = 0
-
-
-class WireBatch(msgspec.Struct, kw_only=True):
+# A BATCH reply is multipart: ``[req_id, BATCH, header, traj_0, traj_1, ...]``. The header lists the
+# groups and how many trajectory frames each owns; the trajectory frames are the bytes exactly as
+# received (sent zero-copy), so the service never decodes or re-encodes a trajectory on the way out.
+class BatchHeader(msgspec.Struct, array_like=True):
     batch_id: int
-    groups: list[WireGroup]
+    groups: list[tuple[str, int, int, int]]  # (group_id, expected, failed, n_trajectories)
+
+
+def batch_frames(batch_id: int, groups) -> list:
+    """Frames of a BATCH reply body from ``[(ServedGroup, [Entry, ...]), ...]``."""
+    header = BatchHeader(batch_id, [(sg.group_id, sg.expected, sg.failed, len(es)) for sg, es in groups])
+    return [pack(header), *(e.raw for _, es in groups for e in es)]
+
+
+def decode_batch(frames: list) -> "Batch":
+    """Inverse of `batch_frames`: an `asyncrl.schema.Batch` (raises ValueError on a bad reply)."""
+    from asyncrl.schema import Batch, Group, Trajectory
+
+    h = unpack(frames[0], BatchHeader)
+    if sum(g[3] for g in h.groups) != len(frames) - 1:
+        raise ValueError(f"BATCH {h.batch_id}: header names {sum(g[3] for g in h.groups)} trajectories, "
+                         f"{len(frames) - 1} frames came")
+    dec = msgspec.msgpack.Decoder(Trajectory)
+    groups, i = [], 1
+    for gid, expected, failed, n in h.groups:
+        groups.append(Group(group_id=gid, expected=expected, failed=failed,
+                            trajectories=[dec.decode(f) for f in frames[i:i + n]]))
+        i += n
+    return Batch(batch_id=h.batch_id, groups=groups)
 
 
 _enc = msgspec.msgpack.Encoder()

@@ -26,7 +26,7 @@ import zmq
 
 from asyncrl.buffer import protocol as P
 from asyncrl.buffer.store import BufferState, Entry
-from asyncrl.buffer.wal import WriteAheadLog, frame
+from asyncrl.buffer.wal import WriteAheadLog, frame_parts
 from asyncrl.config import BufferConfig
 from asyncrl.schema import Trajectory
 
@@ -91,14 +91,7 @@ def decode_put(body: bytes) -> Entry:
     v = np.frombuffer(t.versions.data, dtype="<i4")
     m = np.frombuffer(t.loss_mask.data, dtype=np.uint8).astype(bool)
     mv = int(v[m].min()) if m.any() else int(v.max(initial=0))  # == Trajectory.min_version()
-    return Entry(t.uid, t.group_id, t.group_size, mv, bytes(body))
-
-
-def batch_bytes(batch_id: int, groups) -> bytes:
-    """msgpack of an `asyncrl.schema.Batch` built from stored trajectory bytes (no re-encoding)."""
-    return P.pack(P.WireBatch(batch_id=batch_id, groups=[
-        P.WireGroup(group_id=sg.group_id, expected=sg.expected, failed=sg.failed,
-                    trajectories=[msgspec.Raw(e.raw) for e in entries]) for sg, entries in groups]))
+    return Entry(t.uid, t.group_id, t.group_size, mv, body)
 
 
 class _Parked(msgspec.Struct):
@@ -236,7 +229,7 @@ class BufferService:
             if poller.poll(wait):
                 while len(msgs) < DRAIN_MAX:
                     try:
-                        msgs.append(sock.recv_multipart(zmq.NOBLOCK))
+                        msgs.append(sock.recv_multipart(zmq.NOBLOCK, copy=False))
                     except zmq.Again:
                         break
             records: list[bytes] = []
@@ -281,20 +274,23 @@ class BufferService:
     def _send(self, replies: list[list[bytes]]) -> None:
         for r in replies:
             try:
-                self._sock.send_multipart(r, zmq.NOBLOCK)
+                self._sock.send_multipart(r, zmq.NOBLOCK, copy=len(r) <= 4)
             except zmq.ZMQError:  # peer gone or its queue full: never block on a peer
                 pass
 
-    def _handle(self, m: list[bytes], records: list[bytes], replies: list[list[bytes]]) -> None:
+    def _handle(self, frames: list, records: list, replies: list[list]) -> None:
+        """One request. Small frames become bytes; bodies stay zero-copy views of the received frames
+        (a stored trajectory keeps its frame alive and goes out again from the same memory)."""
         self.counts["requests"] += 1
+        m = [f.bytes if len(f) <= 64 else f.buffer for f in frames]
         ident = m[0]
-        req_id = m[1] if len(m) > 1 and len(m[1]) <= 64 else b""
+        req_id = m[1] if len(m) > 1 and isinstance(m[1], bytes) else b""
 
         def err(msg: str) -> None:
             self.counts["malformed"] += 1
             replies.append([ident, req_id, P.ERR, msg.encode()[:1000]])
 
-        if len(m) >= 4 and m[2] == P.PUTS and len(m[1]) <= 64:
+        if len(m) >= 4 and m[2] == P.PUTS and isinstance(m[1], bytes):
             if len(m) - 3 > P.MAX_PUTS:
                 return err(f"PUTS with {len(m) - 3} items exceeds {P.MAX_PUTS}")
             verdicts = [self._put_one(body, records) for body in m[3:]]
@@ -315,7 +311,7 @@ class BufferService:
                 if rep.count < 1 or rep.group_size < 1:
                     raise ValueError(f"FAIL count={rep.count} group_size={rep.group_size} must be >= 1")
                 if self.state.apply_fail(rep):
-                    records.append(frame(P.REC_FAIL, body))
+                    records.append(frame_parts(P.REC_FAIL, body))
                 replies.append([ident, req_id, P.OK, b""])
             elif op == P.GET:
                 req = P.unpack(body, P.GetRequest)
@@ -326,7 +322,7 @@ class BufferService:
             elif op == P.COMMIT:
                 req = P.unpack(body, P.CommitRequest)
                 self.state.apply_commit(req.batch_ids)
-                records.append(frame(P.REC_COMMIT, body))
+                records.append(frame_parts(P.REC_COMMIT, body))
                 replies.append([ident, req_id, P.OK, b""])
             elif op == P.VERSION:
                 self.version = P.unpack(body, P.VersionRequest).version
@@ -337,7 +333,7 @@ class BufferService:
             elif op == P.STATS:
                 replies.append([ident, req_id, P.STATS_REPLY, P.pack(self.stats())])
             else:
-                err(f"unknown op {op[:32]!r}; ops: {[o.decode() for o in P.OPS]}")
+                err(f"unknown op {bytes(op[:32])!r}; ops: {[o.decode() for o in P.OPS]}")
         except ValueError as e:
             err(str(e))
 
@@ -370,14 +366,14 @@ class BufferService:
             return "busy"
         verdict = self.state.apply_put(e)
         if verdict != "dup":
-            records.append(frame(P.REC_PUT, e.raw))
+            records.append(frame_parts(P.REC_PUT, e.raw))
         return verdict
 
     def _drop_stale(self, records: list[bytes]) -> None:
         uids = self.state.stale_uids(self.threshold)
         if uids:
             self.state.apply_drop(uids)
-            records.append(frame(P.REC_DROP, P.pack(P.DropRecord(uids))))
+            records.append(frame_parts(P.REC_DROP, P.pack(P.DropRecord(uids))))
         self.state.drop_empty_complete()
 
     def _answer_parked(self, records: list[bytes], replies: list[list[bytes]]) -> None:
@@ -388,19 +384,19 @@ class BufferService:
             p = self._parked[ident]
             body = self._try_serve(p.req, records)
             if body is not None:
-                replies.append([p.ident, p.req_id, P.BATCH, body])
+                replies.append([p.ident, p.req_id, P.BATCH, *body])
             elif now >= p.deadline:
                 replies.append([p.ident, p.req_id, P.EMPTY, b""])
             else:
                 continue
             del self._parked[ident]
 
-    def _try_serve(self, req: P.GetRequest, records: list[bytes]) -> Optional[bytes]:
+    def _try_serve(self, req: P.GetRequest, records: list[bytes]) -> Optional[list]:
         st = self.state
         replay = st.next_replay()
         if replay is not None:  # outstanding before a restart: the same batch again, same id
             rec, entries = replay
-            return batch_bytes(rec.batch_id, [(sg, [entries[u] for u in sg.uids]) for sg in rec.groups])
+            return P.batch_frames(rec.batch_id, [(sg, [entries[u] for u in sg.uids]) for sg in rec.groups])
         self.eta = req.max_staleness
         self.threshold = req.current_version - req.max_staleness
         self._drop_stale(records)
@@ -408,8 +404,8 @@ class BufferService:
         if rec is None:
             return None
         groups = st.apply_serve(rec, replaying=False)
-        records.append(frame(P.REC_SERVE, P.pack(rec)))
-        return batch_bytes(rec.batch_id, groups)
+        records.append(frame_parts(P.REC_SERVE, P.pack(rec)))
+        return P.batch_frames(rec.batch_id, groups)
 
     def stats(self) -> dict:
         return {**self.state.stats(self.version), **self.counts, "version": self.version,

@@ -23,6 +23,7 @@ from typing import Iterator
 
 _HEADER = struct.Struct("<IIB")
 WAL_NAME = "buffer.wal"
+_IOV_MAX = 512
 FSYNC_POLICIES = ("each", "batched", "off")
 
 
@@ -30,10 +31,17 @@ class WalError(RuntimeError):
     """The log cannot be opened or written (bad directory, bad policy)."""
 
 
-def frame(kind: int, payload: bytes) -> bytes:
-    """One record: header (length, crc32 over kind byte + payload, kind) followed by the payload."""
+def frame_parts(kind: int, payload) -> tuple[bytes, object]:
+    """One record as (header, payload): header = length, crc32 over kind byte + payload, kind. The
+    payload may be any bytes-like object; it is written as is (no copy) by `append_many`."""
     crc = zlib.crc32(payload, zlib.crc32(bytes((kind,))))
-    return _HEADER.pack(1 + len(payload), crc, kind) + payload
+    return _HEADER.pack(1 + len(payload), crc, kind), payload
+
+
+def frame(kind: int, payload) -> bytes:
+    """One record as contiguous bytes."""
+    header, payload = frame_parts(kind, payload)
+    return header + bytes(payload)
 
 
 def read_records(path: Path) -> tuple[list[tuple[int, bytes]], int]:
@@ -101,23 +109,29 @@ class WriteAheadLog:
     def open(self) -> None:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
-    def append(self, kind: int, payload: bytes) -> None:
-        """Write one record (one syscall); under ``each`` it is on disk when this returns."""
-        self.append_many([frame(kind, payload)])
+    def append(self, kind: int, payload) -> None:
+        """Write one record; under ``each`` it is on disk when this returns."""
+        self.append_many([frame_parts(kind, payload)])
 
-    def append_many(self, frames: list[bytes]) -> None:
-        """Write already-framed records with one syscall (group commit); fsync under ``each``."""
+    def append_many(self, frames: list) -> None:
+        """Write records with one gathered write (group commit); fsync under ``each``. Each item is a
+        framed record (bytes) or a (header, payload) pair from `frame_parts`."""
         if self._fd is None:
             raise WalError("write-ahead log is not open")
-        if not frames:
-            return
-        data = frames[0] if len(frames) == 1 else b"".join(frames)
-        view, done = memoryview(data), 0
-        while done < len(data):
-            done += os.write(self._fd, view[done:])
-        self.bytes_written += len(data)
-        self._dirty = True
-        if self.policy == "each":
+        bufs = [b for f in frames for b in ((f,) if isinstance(f, bytes) else f)]
+        total = sum(len(b) for b in bufs)
+        for i in range(0, len(bufs), _IOV_MAX):
+            chunk = bufs[i:i + _IOV_MAX]
+            want = sum(len(b) for b in chunk)
+            done = os.writev(self._fd, chunk)
+            if done < want:  # a short write: finish the rest contiguously
+                rest = memoryview(b"".join(bytes(b) for b in chunk))[done:]
+                while len(rest):
+                    rest = rest[os.write(self._fd, rest):]
+        self.bytes_written += total
+        if total:
+            self._dirty = True
+        if self.policy == "each" and total:
             self.sync(force=True)
 
     def sync(self, force: bool = False) -> None:

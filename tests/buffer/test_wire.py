@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from asyncrl.buffer.protocol import ServedGroup
-from asyncrl.buffer.server import batch_bytes, decode_put
+from asyncrl.buffer.protocol import ServedGroup, batch_frames, decode_batch
+from asyncrl.buffer.server import decode_put
 from asyncrl.schema import Array, Batch, Trajectory, decode, encode
 
 from .conftest import traj
@@ -27,12 +27,23 @@ def test_trajectory_encode_decode_is_bit_exact():
     assert back.min_version() == 0
 
 
-def test_batch_built_from_stored_bytes_decodes_as_schema_batch():
+def test_batch_frames_from_stored_bytes_decode_as_schema_batch():
     ts = [traj(f"u{i}", "g", version=i, group_size=3) for i in range(2)]
     entries = [decode_put(encode(t)) for t in ts]
-    raw = batch_bytes(7, [(ServedGroup("g", 3, 1, [e.uid for e in entries]), entries)])
-    b = decode(raw, Batch)
+    frames = batch_frames(7, [(ServedGroup("g", 3, 1, [e.uid for e in entries]), entries)])
+    assert frames[1:] == [encode(t) for t in ts]  # stored bytes go out unchanged
+    b = decode_batch(frames)
+    assert isinstance(b, Batch)
     assert b.batch_id == 7
     assert [(g.group_id, g.expected, g.failed) for g in b.groups] == [("g", 3, 1)]
     assert [encode(t) for t in b.trajectories()] == [encode(t) for t in ts]
     assert [e.min_version for e in entries] == [0, 1]
+
+
+def test_batch_header_and_frame_count_must_agree():
+    import pytest
+
+    t = traj("u", "g")
+    frames = batch_frames(1, [(ServedGroup("g", 1, 0, ["u"]), [decode_put(encode(t))])])
+    with pytest.raises(ValueError, match="names 1 trajectories, 2 frames came"):
+        decode_batch(frames + [frames[1]])
