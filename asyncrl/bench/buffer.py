@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -32,7 +33,7 @@ UID_WIDTH = 12  # uids are "p<k>-<index>" padded to a fixed width so the templat
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trajectories", type=int, default=4000, help="total, split over the producers")
+    parser.add_argument("--trajectories", type=int, default=8000, help="total, split over the producers")
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=2048, help="prompt + response tokens per trajectory")
     parser.add_argument("--group-size", type=int, default=8)
@@ -178,7 +179,7 @@ def run_asyncrl(a) -> tuple[float, int]:
     finally:
         srv.terminate()
         srv.wait(10)
-        subprocess.run(["rm", "-rf", wal])
+        shutil.rmtree(wal, ignore_errors=True)
 
 
 def run_zmq(a) -> tuple[float, int]:

@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import time
 import uuid
-from typing import Optional
 
 import msgspec
 import zmq
 import zmq.asyncio
 
 from asyncrl.buffer import protocol as P
-from asyncrl.schema import Batch, Trajectory  # noqa: F401 (Batch: the get_batch return type)
+from asyncrl.schema import Batch, Trajectory
 
+log = logging.getLogger(__name__)
 
 BUSY_WAIT_S = 0.05  # first wait after a back-pressure reply (doubles up to 1 s)
 
@@ -39,7 +40,7 @@ class BufferTimeout(BufferError, TimeoutError):
     pass
 
 
-def _curve(sock: zmq.Socket, server_public: Optional[str]) -> None:
+def _curve(sock: zmq.Socket, server_public: str | None) -> None:
     if server_public:
         pub, sec = zmq.curve_keypair()
         sock.curve_serverkey = server_public.encode()
@@ -61,16 +62,16 @@ class AsyncBufferProducer:
     MAX_COALESCE_BYTES = 16 << 20
 
     def __init__(self, address: str, *, timeout_s: float = 10.0, retries: int = 20,
-                 curve_server_public: Optional[str] = None):
+                 curve_server_public: str | None = None):
         if not address.startswith(("tcp://", "ipc://", "inproc://")):
             raise ValueError(f"buffer address {address!r} must look like tcp://host:port")
         self.address, self.timeout_s, self.retries = address, timeout_s, retries
         self._curve = curve_server_public
-        self._ctx: Optional[zmq.asyncio.Context] = None
-        self._sock: Optional[zmq.asyncio.Socket] = None
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
         self._waiting: dict[bytes, tuple[float, list[asyncio.Future], bool]] = {}  # req_id -> (t, futs, is_puts)
         self._outbox: list[tuple[bytes, asyncio.Future]] = []
-        self._wake: Optional[asyncio.Event] = None
+        self._wake: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
         self._ids = _ids()
         self.busy_waits = 0
@@ -208,8 +209,10 @@ class AsyncBufferProducer:
         for t in self._tasks:
             try:
                 await t
-            except (asyncio.CancelledError, Exception):
+            except asyncio.CancelledError:
                 pass
+            except Exception as e:  # a background task that died: say so, the socket is closed anyway
+                log.warning("buffer producer task %s had failed: %r", t.get_name(), e)
         self._tasks = []
         for _, futs, _ in self._waiting.values():
             for f in futs:
@@ -227,7 +230,7 @@ class BufferConsumer:
     REQUEST_TRIES = 3
     GRACE_S = 2.0  # how long past a GET's deadline the client still waits for the parked reply
 
-    def __init__(self, address: str, *, timeout_s: float = 10.0, curve_server_public: Optional[str] = None):
+    def __init__(self, address: str, *, timeout_s: float = 10.0, curve_server_public: str | None = None):
         if not address.startswith(("tcp://", "ipc://", "inproc://")):
             raise ValueError(f"buffer address {address!r} must look like tcp://host:port")
         self.address, self.timeout_s = address, timeout_s
@@ -240,7 +243,7 @@ class BufferConsumer:
         self._ids = _ids()
         self._late_batches: list[list] = []
 
-    def _wait_reply(self, req_id: bytes, deadline: float) -> Optional[tuple[bytes, list]]:
+    def _wait_reply(self, req_id: bytes, deadline: float) -> tuple[bytes, list] | None:
         """(status, body frames) of the reply to `req_id`, or None at the deadline."""
         while True:
             left = deadline - time.monotonic()
@@ -278,7 +281,7 @@ class BufferConsumer:
                             f"{self.REQUEST_TRIES} tries of {self.timeout_s}s")
 
     def get_batch(self, n_groups: int, current_version: int, max_staleness: int,
-                  timeout_s: float = 60.0) -> Optional[Batch]:
+                  timeout_s: float = 60.0) -> Batch | None:
         """`n_groups` complete groups whose trajectories are all at least current_version - max_staleness
         old, or None if the buffer has not got them within `timeout_s`."""
         if self._late_batches:

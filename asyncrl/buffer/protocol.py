@@ -25,7 +25,12 @@ with a message, and counted as malformed.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
+
+if TYPE_CHECKING:
+    from asyncrl.schema import Batch
 
 # request ops
 PUT, PUTS, FAIL, GET, COMMIT, VERSION, STATS = (b"PUT", b"PUTS", b"FAIL", b"GET", b"COMMIT", b"VERSION",
@@ -111,7 +116,7 @@ def batch_frames(batch_id: int, groups) -> list:
     return [pack(header), *(e.raw for _, es in groups for e in es)]
 
 
-def decode_batch(frames: list) -> "Batch":
+def decode_batch(frames: list) -> Batch:
     """Inverse of `batch_frames`: an `asyncrl.schema.Batch` (raises ValueError on a bad reply)."""
     from asyncrl.schema import Batch, Group, Trajectory
 

@@ -18,7 +18,6 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 import msgspec
 import numpy as np
@@ -110,8 +109,8 @@ class BufferService:
         self.wal = WriteAheadLog(wal_dir, cfg.fsync)
         self.state = BufferState(cfg.capacity_trajectories, cfg.capacity_bytes, cfg.order)
         self.version = 0
-        self.threshold: Optional[int] = None  # current_version - max_staleness, from the last GET/VERSION
-        self.eta: Optional[int] = None
+        self.threshold: int | None = None  # current_version - max_staleness, from the last GET/VERSION
+        self.eta: int | None = None
         self.counts = {"malformed": 0, "bytes_received": 0, "busy_replies": 0, "requests": 0}
         self._parked: dict[bytes, _Parked] = {}
         self._sync_fut = None  # running fsync (batched policy) and the replies it releases
@@ -119,11 +118,11 @@ class BufferService:
         self._after_sync: list[list[bytes]] = []  # replies waiting for the next fsync
         self._need_sync = False
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        self._ctx: Optional[zmq.Context] = None
-        self._sock: Optional[zmq.Socket] = None
-        self.address: Optional[str] = None
-        self.error: Optional[BaseException] = None
+        self._thread: threading.Thread | None = None
+        self._ctx: zmq.Context | None = None
+        self._sock: zmq.Socket | None = None
+        self.address: str | None = None
+        self.error: BaseException | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -212,7 +211,7 @@ class BufferService:
     def _run(self) -> None:
         try:
             self._loop()
-        except BaseException as e:  # noqa: BLE001 - recorded and re-raised by join(); logged loudly
+        except BaseException as e:
             self.error = e
             log.exception("replay buffer loop died")
 
@@ -391,7 +390,7 @@ class BufferService:
                 continue
             del self._parked[ident]
 
-    def _try_serve(self, req: P.GetRequest, records: list[bytes]) -> Optional[list]:
+    def _try_serve(self, req: P.GetRequest, records: list[bytes]) -> list | None:
         st = self.state
         replay = st.next_replay()
         if replay is not None:  # outstanding before a restart: the same batch again, same id

@@ -20,7 +20,6 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from asyncrl.buffer import protocol as P
 
@@ -31,7 +30,7 @@ class Entry:
     group_id: str
     group_size: int
     min_version: int
-    raw: bytes  # the trajectory exactly as received (msgpack)
+    raw: bytes | memoryview  # the trajectory exactly as received (msgpack; a view of the received frame)
 
 
 @dataclass(slots=True)
@@ -200,7 +199,7 @@ class BufferState:
         done.sort(key=lambda g: (g.min_version(), g.complete_seq), reverse=self.order == "newest")
         return done
 
-    def plan_batch(self, n_groups: int) -> Optional[P.ServeRecord]:
+    def plan_batch(self, n_groups: int) -> P.ServeRecord | None:
         """The next batch of `n_groups` complete groups (not yet applied), or None if too few are complete."""
         done = self.complete_groups()
         if len(done) < n_groups:
@@ -208,7 +207,7 @@ class BufferState:
         groups = [P.ServedGroup(g.group_id, g.expected, g.failed, list(g.members)) for g in done[:n_groups]]
         return P.ServeRecord(self.next_batch_id, groups)
 
-    def next_replay(self) -> Optional[tuple[P.ServeRecord, dict[str, Entry]]]:
+    def next_replay(self) -> tuple[P.ServeRecord, dict[str, Entry]] | None:
         if not self.replay_queue:
             return None
         b = min(self.replay_queue)

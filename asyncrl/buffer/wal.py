@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
 
 _HEADER = struct.Struct("<IIB")
 WAL_NAME = "buffer.wal"
@@ -95,8 +95,7 @@ class WriteAheadLog:
         self.close()
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "wb") as f:
-            for kind, payload in records:
-                f.write(frame(kind, payload))
+            f.writelines(frame(kind, payload) for kind, payload in records)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import msgspec
 import pytest
@@ -220,7 +219,7 @@ async def test_vanished_clients_do_not_wedge_the_service(service):
         s.connect(addr)
         s.send_multipart([b"g", P.GET, P.pack(P.GetRequest(1, 0, 0, 200))])
         s.send_multipart([b"p", P.PUT, encode(traj(f"gone{i}", f"gone{i}"))])
-        time.sleep(0.02)
+        await asyncio.sleep(0.02)
         s.close()
     await asyncio.sleep(0.5)  # the parked GETs expire and some are served to vanished peers
     c = BufferConsumer(addr, timeout_s=3)
