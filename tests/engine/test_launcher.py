@@ -1,0 +1,47 @@
+"""Launcher: port 0 discovery, health, stop frees the port; failures name the log; the SGLang command."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import pytest
+
+from asyncrl.engine.launcher import EngineLaunchError, launch_embedded, sglang_command
+
+
+@pytest.mark.timeout(120)
+def test_launch_port_zero_health_and_stop_frees_port(engine_model_dir):
+    proc = launch_embedded(engine_model_dir, port=0, threads=1, weight_version=2, startup_timeout_s=120)
+    try:
+        port = int(proc.url.rsplit(":", 1)[1])
+        assert port > 0 and proc.alive() and isinstance(proc.pid, int)
+        assert httpx.get(proc.url + "/health").json() == {"status": "ok"}
+        assert httpx.get(proc.url + "/get_weight_version").json() == {"weight_version": 2}
+    finally:
+        proc.stop()
+    assert not proc.alive() and proc.proc.returncode is not None
+    with socket.socket() as s:  # the port is free again
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+    proc.stop()  # idempotent
+
+
+@pytest.mark.timeout(60)
+def test_launch_failures_are_loud(tmp_path):
+    with pytest.raises(EngineLaunchError, match="not a Hugging Face checkpoint"):
+        launch_embedded(tmp_path)
+    (tmp_path / "config.json").write_text("{}")  # a checkpoint that cannot load: the process exits
+    with pytest.raises(EngineLaunchError, match="exited with code") as e:
+        launch_embedded(tmp_path, startup_timeout_s=60)
+    assert "server.log" in str(e.value)
+
+
+def test_sglang_command_flags():
+    cmd = sglang_command("/m", "127.0.0.1", 30000, dtype="bfloat16", mem_fraction_static=0.5, weight_version=3,
+                         extra_args=["--tp", "1"])
+    assert cmd[1:3] == ["-m", "sglang.launch_server"]
+    flags = dict(zip(cmd[3::2], cmd[4::2]))
+    assert flags["--model-path"] == "/m" and flags["--port"] == "30000" and flags["--dtype"] == "bfloat16"
+    assert flags["--mem-fraction-static"] == "0.5" and flags["--weight-version"] == "3"
+    assert cmd[-2:] == ["--tp", "1"]
