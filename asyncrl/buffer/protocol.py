@@ -102,33 +102,43 @@ class Snapshot(msgspec.Struct, frozen=True):
     next_batch_id: int
 
 
-# A BATCH reply is multipart: ``[req_id, BATCH, header, traj_0, traj_1, ...]``. The header lists the
-# groups and how many trajectory frames each owns; the trajectory frames are the bytes exactly as
-# received (sent zero-copy), so the service never decodes or re-encodes a trajectory on the way out.
+# A BATCH reply is ``[req_id, BATCH, header, blob]``: the header lists the groups (with how many
+# trajectories each owns) and the byte size of every trajectory; the blob is the trajectories' bytes
+# exactly as received, concatenated (one copy, one large frame sent zero-copy), so the service never
+# decodes or re-encodes a trajectory on the way out.
 class BatchHeader(msgspec.Struct, array_like=True):
     batch_id: int
     groups: list[tuple[str, int, int, int]]  # (group_id, expected, failed, n_trajectories)
+    sizes: list[int]  # byte length of each trajectory in the blob, in order
 
 
 def batch_frames(batch_id: int, groups) -> list:
-    """Frames of a BATCH reply body from ``[(ServedGroup, [Entry, ...]), ...]``."""
-    header = BatchHeader(batch_id, [(sg.group_id, sg.expected, sg.failed, len(es)) for sg, es in groups])
-    return [pack(header), *(e.raw for _, es in groups for e in es)]
+    """Body frames ``[header, blob]`` of a BATCH reply from ``[(ServedGroup, [Entry, ...]), ...]``."""
+    raws = [e.raw for _, es in groups for e in es]
+    header = BatchHeader(batch_id, [(sg.group_id, sg.expected, sg.failed, len(es)) for sg, es in groups],
+                         [len(r) for r in raws])
+    return [pack(header), b"".join(raws)]
 
 
 def decode_batch(frames: list) -> Batch:
     """Inverse of `batch_frames`: an `asyncrl.schema.Batch` (raises ValueError on a bad reply)."""
     from asyncrl.schema import Batch, Group, Trajectory
 
+    if len(frames) != 2:
+        raise ValueError(f"BATCH reply needs [header, blob], got {len(frames)} frames")
     h = unpack(frames[0], BatchHeader)
-    if sum(g[3] for g in h.groups) != len(frames) - 1:
-        raise ValueError(f"BATCH {h.batch_id}: header names {sum(g[3] for g in h.groups)} trajectories, "
-                         f"{len(frames) - 1} frames came")
+    blob = memoryview(frames[1])
+    if sum(g[3] for g in h.groups) != len(h.sizes) or sum(h.sizes) != len(blob):
+        raise ValueError(f"BATCH {h.batch_id}: header names {sum(g[3] for g in h.groups)} trajectories of "
+                         f"{sum(h.sizes)} bytes, sizes has {len(h.sizes)} and the blob {len(blob)} bytes")
     dec = msgspec.msgpack.Decoder(Trajectory)
-    groups, i = [], 1
+    trajs, pos = [], 0
+    for n in h.sizes:
+        trajs.append(dec.decode(blob[pos:pos + n]))
+        pos += n
+    groups, i = [], 0
     for gid, expected, failed, n in h.groups:
-        groups.append(Group(group_id=gid, expected=expected, failed=failed,
-                            trajectories=[dec.decode(f) for f in frames[i:i + n]]))
+        groups.append(Group(group_id=gid, expected=expected, failed=failed, trajectories=trajs[i:i + n]))
         i += n
     return Batch(batch_id=h.batch_id, groups=groups)
 

@@ -117,6 +117,11 @@ class WriteAheadLog:
         framed record (bytes) or a (header, payload) pair from `frame_parts`."""
         if self._fd is None:
             raise WalError("write-ahead log is not open")
+        total = self._write(frames)
+        if self.policy == "each" and total:
+            self.sync(force=True)
+
+    def _write(self, frames: list) -> int:
         bufs = [b for f in frames for b in ((f,) if isinstance(f, bytes) else f)]
         total = sum(len(b) for b in bufs)
         for i in range(0, len(bufs), _IOV_MAX):
@@ -130,8 +135,12 @@ class WriteAheadLog:
         self.bytes_written += total
         if total:
             self._dirty = True
-        if self.policy == "each" and total:
-            self.sync(force=True)
+        return total
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="asyncrl-wal")
+        return self._pool
 
     def sync(self, force: bool = False) -> None:
         """Make appended records durable if the policy asks for it (``batched``; ``each`` does it per record)."""
@@ -141,16 +150,13 @@ class WriteAheadLog:
             self._dirty = False
 
     def sync_async(self) -> Future:
-        """Start an fsync of everything written so far on a helper thread and return its future: the
-        caller keeps working (and writing) meanwhile and releases the acks of the records written
-        before this call once the future is done (pipelined group commit)."""
+        """Start an fsync of everything written so far on a helper thread and return its future: the caller keeps working meanwhile and releases the acks of the records written before
+        this call once the future is done (pipelined group commit)."""
         if self._fd is None:
             raise WalError("write-ahead log is not open")
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="asyncrl-wal-fsync")
         self._dirty = False
         self.fsyncs += 1
-        return self._pool.submit(os.fsync, self._fd)
+        return self._executor().submit(os.fsync, self._fd)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -31,7 +31,7 @@ def test_batch_frames_from_stored_bytes_decode_as_schema_batch():
     ts = [traj(f"u{i}", "g", version=i, group_size=3) for i in range(2)]
     entries = [decode_put(encode(t)) for t in ts]
     frames = batch_frames(7, [(ServedGroup("g", 3, 1, [e.uid for e in entries]), entries)])
-    assert frames[1:] == [encode(t) for t in ts]  # stored bytes go out unchanged
+    assert frames[1] == b"".join(encode(t) for t in ts)  # stored bytes go out unchanged
     b = decode_batch(frames)
     assert isinstance(b, Batch)
     assert b.batch_id == 7
@@ -45,5 +45,7 @@ def test_batch_header_and_frame_count_must_agree():
 
     t = traj("u", "g")
     frames = batch_frames(1, [(ServedGroup("g", 1, 0, ["u"]), [decode_put(encode(t))])])
-    with pytest.raises(ValueError, match="names 1 trajectories, 2 frames came"):
+    with pytest.raises(ValueError, match="names 1 trajectories of .* the blob"):
+        decode_batch([frames[0], frames[1] + b"x"])
+    with pytest.raises(ValueError, match="needs \\[header, blob\\]"):
         decode_batch(frames + [frames[1]])
