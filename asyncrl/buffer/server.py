@@ -392,12 +392,21 @@ class BufferService:
 
     def _try_serve(self, req: P.GetRequest, records: list[bytes]) -> list | None:
         st = self.state
-        replay = st.next_replay()
-        if replay is not None:  # outstanding before a restart: the same batch again, same id
-            rec, entries = replay
-            return P.batch_frames(rec.batch_id, [(sg, [entries[u] for u in sg.uids]) for sg in rec.groups])
         self.eta = req.max_staleness
         self.threshold = req.current_version - req.max_staleness
+        while (replay := st.next_replay()) is not None:
+            # outstanding before a restart: the same batch again, same id, whatever n_groups asks;
+            # the staleness rule still holds (members now stale are left out and counted)
+            rec, entries = replay
+            groups = []
+            for sg in rec.groups:
+                fresh = [entries[u] for u in sg.uids if entries[u].min_version >= self.threshold]
+                st.counts["dropped_stale"] += len(sg.uids) - len(fresh)
+                if fresh:
+                    groups.append((P.ServedGroup(sg.group_id, sg.expected, sg.failed + len(sg.uids) - len(fresh),
+                                                 [e.uid for e in fresh]), fresh))
+            if groups:
+                return P.batch_frames(rec.batch_id, groups)
         self._drop_stale(records)
         rec = st.plan_batch(req.n_groups)
         if rec is None:

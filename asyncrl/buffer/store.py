@@ -14,7 +14,8 @@ Rules:
 - complete groups are served ordered by (oldest member's min_version, completion order), ascending
   for ``order="oldest"``, descending for ``"newest"``;
 - a served batch stays *outstanding* until committed; after a restart the outstanding batches found
-  in the log are served again first, as the same batches with the same ids.
+  in the log are served again first (one per GET, whatever its n_groups), as the same batches with
+  the same ids, minus members that have become stale for the asking learner (counted as dropped).
 """
 
 from __future__ import annotations

@@ -105,3 +105,25 @@ async def test_uncommitted_batches_are_served_again_after_restart(tmp_path, buff
     await p.close()
     c.close()
     assert (st["size"], st["batches_outstanding"], st["next_batch_id"]) == (0, 0, 4)
+
+
+async def test_replayed_batch_still_obeys_staleness(tmp_path, service):
+    """A batch outstanding at a crash is served again, but never with members now too stale."""
+    svc = service(wal_dir=tmp_path / "w")
+    p = AsyncBufferProducer(svc.address)
+    await asyncio.gather(*(p.put(traj(f"m{v}", "M", version=v, group_size=3)) for v in (1, 2, 3)))
+    await p.close()
+    c = BufferConsumer(svc.address)
+    first = c.get_batch(1, current_version=3, max_staleness=2, timeout_s=5)
+    c.close()
+    svc.stop()
+    assert sorted(t.uid for t in first.trajectories()) == ["m1", "m2", "m3"]
+    svc = service(wal_dir=tmp_path / "w")
+    c = BufferConsumer(svc.address)
+    again = c.get_batch(1, current_version=4, max_staleness=1, timeout_s=5)  # now v >= 3 only
+    st = c.stats()
+    c.close()
+    assert again.batch_id == first.batch_id
+    g = again.groups[0]
+    assert ([t.uid for t in g.trajectories], g.failed, g.expected) == (["m3"], 2, 3)
+    assert st["dropped_stale"] == 2
