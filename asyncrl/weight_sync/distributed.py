@@ -151,6 +151,11 @@ class DistributedSender(WeightSender):
             await self._retire_group()
         return failed
 
+    async def _group_lost(self, live: list[str]) -> bool:
+        """Whether an asyncrl engine no longer holds our group (restarted on the same address)."""
+        infos = await asyncio.gather(*(self.http.info(u) for u in live))
+        return any(i.get("asyncrl") and self.group_name not in i.get("groups", []) for i in infos)
+
     # ------------------------------------------------------------------ sync
 
     async def sync(self, params_iter: Iterable[Bucket], version: int) -> SyncReport:
@@ -162,7 +167,7 @@ class DistributedSender(WeightSender):
         try:
             live, dead = await self.http.alive(self.urls)
             report.engines_failed.update(dead)
-            if self.pg is None or live != self.members:
+            if self.pg is None or live != self.members or await self._group_lost(live):
                 report.engines_failed.update(await self._build_group(live))
             if self.pg is None:
                 return report

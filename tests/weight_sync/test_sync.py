@@ -216,16 +216,39 @@ async def test_killed_engine_is_abandoned_within_the_timeout_then_skipped(engine
     assert greedy(a.url) == ref_out
 
 
+async def test_engine_restarted_on_its_address_rejoins_the_next_sync(engines, learner, tiny_model_dir, ref_out):
+    a, b = engines
+    sender = DistributedSender("gloo", timeout_s=30)
+    await sender.connect([a.url, b.url])  # b is dead: a group of rank 0 + a
+    assert sender.members == [a.url]
+    port = int(b.url.rsplit(":", 1)[1])
+    b2 = await asyncio.to_thread(launch_embedded, tiny_model_dir, port=port, threads=1)
+    try:
+        assert b2.url == b.url and greedy(b2.url) != ref_out
+        report = await sender.sync(learner.iter_full_params(BUCKET), version=62)
+        assert report.ok and report.engines_ok == [a.url, b.url]
+        assert greedy(b2.url) == ref_out and version_of(b2.url) == 62
+        # the same address restarted again loses the group: the sender notices and rebuilds
+        b2.stop()
+        b2 = await asyncio.to_thread(launch_embedded, tiny_model_dir, port=port, threads=1)
+        report = await sender.sync(learner.iter_full_params(BUCKET), version=63)
+        assert report.ok and report.engines_ok == [a.url, b.url] and version_of(b2.url) == 63
+    finally:
+        await sender.close()
+        b2.stop()
+
+
 def test_sender_handle_is_what_the_learner_actor_calls(engines, learner, ref_out):
     """make_sender(cfg, rank, urls).sync_blocking(worker, version), as LearnerActor.sync_weights does;
     rank > 0 only walks the (collective) gather and sends nothing."""
     from asyncrl.config import WeightSyncConfig
     from asyncrl.weight_sync import make_sender
 
-    url = engines[0].url  # B was killed above
+    url = engines[0].url
     cfg = WeightSyncConfig(transport="auto", bucket_mb=1, timeout_s=60)
     other = make_sender(cfg, rank=1, engine_urls=[url])
-    assert other.sync_blocking(learner, 70) == {} and version_of(url) == 61
+    v = version_of(url)
+    assert other.sync_blocking(learner, 70) == {} and version_of(url) == v
     handle = make_sender(cfg, rank=0, engine_urls=[url])
     try:
         m = handle.sync_blocking(learner, 70)
