@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Optional
+from typing import Any
 
 from asyncrl.config import WeightSyncConfig
 from asyncrl.weight_sync.base import SyncReport, WeightMismatchError, WeightSender, WeightSyncError, drain
@@ -41,7 +41,7 @@ def _colocated() -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() == 1
 
 
-def build_sender(cfg: WeightSyncConfig, transport: Optional[str] = None) -> WeightSender:
+def build_sender(cfg: WeightSyncConfig, transport: str | None = None) -> WeightSender:
     import torch
 
     kind = transport or resolve_transport(cfg.transport, torch.cuda.is_available(), _colocated())
@@ -65,8 +65,8 @@ class SenderHandle:
     def __init__(self, cfg: WeightSyncConfig, rank: int, engine_urls: list[str]):
         self.cfg, self.rank, self.engine_urls = cfg, rank, list(engine_urls)
         self.bucket_bytes = int(cfg.bucket_mb) << 20
-        self.sender: Optional[WeightSender] = None
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self.sender: WeightSender | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         if rank == 0:
             self._loop = asyncio.new_event_loop()
             threading.Thread(target=self._loop.run_forever, name="weight-sync", daemon=True).start()
@@ -76,7 +76,7 @@ class SenderHandle:
     def _run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def sync_report(self, worker: Any, version: int) -> Optional[SyncReport]:
+    def sync_report(self, worker: Any, version: int) -> SyncReport | None:
         buckets = worker.iter_full_params(self.bucket_bytes)
         if self.sender is None:
             drain(buckets)

@@ -13,8 +13,9 @@ import abc
 import asyncio
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any
 
 import httpx
 import torch
@@ -81,7 +82,7 @@ class EngineHTTP:
         self.client = httpx.AsyncClient(timeout=None, trust_env=False)
         self.probe_timeout_s = probe_timeout_s
 
-    async def post(self, url: str, path: str, body: dict, timeout: Optional[float]) -> tuple[bool, Any]:
+    async def post(self, url: str, path: str, body: dict, timeout: float | None) -> tuple[bool, Any]:
         """(True, json reply) or (False, why). A success=false reply counts as a failure."""
         try:
             r = await self.client.post(url.rstrip("/") + path, json=body, timeout=timeout)
@@ -96,13 +97,13 @@ class EngineHTTP:
             return False, f"{url}{path}: HTTP {r.status_code}: {msg}"
         return True, data
 
-    async def post_all(self, urls: list[str], path: str, body: dict, timeout: Optional[float]) -> dict[str, tuple[bool, Any]]:
+    async def post_all(self, urls: list[str], path: str, body: dict, timeout: float | None) -> dict[str, tuple[bool, Any]]:
         res = await asyncio.gather(*(self.post(u, path, body, timeout) for u in urls))
         return dict(zip(urls, res))
 
     async def alive(self, urls: list[str]) -> tuple[list[str], dict[str, str]]:
         """(answering /health within the probe timeout, {dead url: why})."""
-        async def one(u: str) -> Optional[str]:
+        async def one(u: str) -> str | None:
             try:
                 r = await self.client.get(u.rstrip("/") + "/health", timeout=self.probe_timeout_s)
                 return None if r.status_code == 200 else f"/health answered HTTP {r.status_code}"

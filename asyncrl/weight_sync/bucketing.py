@@ -16,8 +16,8 @@ The receiver allocates flat_d of length sum(numel(shape_i)) and splits it back i
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
 
 import torch
 

@@ -13,12 +13,20 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any
 
 from asyncrl.weight_sync.base import (
-    Bucket, EngineHTTP, Stopwatch, SyncReport, WeightMismatchError, WeightSender,
-    WeightSyncError, drain, names_a_tensor,
+    Bucket,
+    EngineHTTP,
+    Stopwatch,
+    SyncReport,
+    WeightMismatchError,
+    WeightSender,
+    WeightSyncError,
+    drain,
+    names_a_tensor,
 )
 from asyncrl.weight_sync.bucketing import nbytes
 
@@ -46,8 +54,8 @@ def write_shards(buckets: Iterable[Bucket], out_dir: Path) -> tuple[int, int]:
 class DiskSender(WeightSender):
     transport = "disk"
 
-    def __init__(self, disk_dir: Optional[str] = None, *, timeout_s: float = 120.0, mode: str = "in_place",
-                 keep: int = 2, config_dir: Optional[str] = None):
+    def __init__(self, disk_dir: str | None = None, *, timeout_s: float = 120.0, mode: str = "in_place",
+                 keep: int = 2, config_dir: str | None = None):
         self.root = Path(disk_dir or tempfile.mkdtemp(prefix="asyncrl-weights-"))
         self.timeout_s, self.mode, self.keep = float(timeout_s), mode, max(1, keep)
         self.config_dir = config_dir  # copy its *.json / tokenizer files so a real SGLang can load the dir

@@ -19,8 +19,9 @@ import asyncio
 import logging
 import socket
 import uuid
+from collections.abc import Iterable
 from ipaddress import ip_address
-from typing import Any, Iterable, Optional
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
@@ -70,7 +71,7 @@ class _Abandon(Exception):
 
 class DistributedSender(WeightSender):
     def __init__(self, backend: str = "gloo", *, timeout_s: float = 120.0, mode: str = "in_place",
-                 master_address: Optional[str] = None, probe_timeout_s: float = 5.0, coalesce: bool = True):
+                 master_address: str | None = None, probe_timeout_s: float = 5.0, coalesce: bool = True):
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"DistributedSender: backend must be gloo or nccl, got {backend!r}")
         if mode not in ("in_place", "abort"):
@@ -86,7 +87,7 @@ class DistributedSender(WeightSender):
         self.pg: Any = None
         self.group_name = ""
         self.coalesce = False
-        self._inflight: Optional[asyncio.Future] = None  # the broadcast thread of the current bucket
+        self._inflight: asyncio.Future | None = None  # the broadcast thread of the current bucket
 
     # ------------------------------------------------------------------ group
 
@@ -205,7 +206,7 @@ class DistributedSender(WeightSender):
             await self._send_bucket(bucket, None, members, report)
         await self._send_bucket([], version, members, report)
 
-    async def _send_bucket(self, bucket: Bucket, version: Optional[int], members: list[str], report: SyncReport) -> None:
+    async def _send_bucket(self, bucket: Bucket, version: int | None, members: list[str], report: SyncReport) -> None:
         metas = metas_of(bucket)
         body: dict[str, Any] = {"names": [m.name for m in metas], "dtypes": [m.dtype for m in metas],
                                 "shapes": [list(m.shape) for m in metas], "group_name": self.group_name,

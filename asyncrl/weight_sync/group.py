@@ -10,10 +10,13 @@ receiver (ranks rank_offset..) call this one function, so our sender also talks 
 from __future__ import annotations
 
 import inspect
+import logging
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
+
+log = logging.getLogger(__name__)
 
 
 def init_custom_process_group(
@@ -61,5 +64,5 @@ def destroy_group(pg: Any) -> None:
         return
     try:
         dist.destroy_process_group(pg)
-    except Exception:  # noqa: BLE001 - a group broken by a dead peer may refuse a clean shutdown
-        pass
+    except Exception as e:  # noqa: BLE001 - a group broken by a dead peer may refuse a clean shutdown
+        log.debug("destroying weight-update group: %s", e)

@@ -17,8 +17,9 @@ import asyncio
 import base64
 import logging
 import pickle
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,7 +33,7 @@ DEFAULT_GROUP_TIMEOUT_S = 300.0
 CAPABILITIES = {"asyncrl": True, "coalesce": True, "tp_size": 1}
 
 
-def check_metas(targets: dict[str, torch.Tensor], metas: Sequence[TensorMeta]) -> Optional[str]:
+def check_metas(targets: dict[str, torch.Tensor], metas: Sequence[TensorMeta]) -> str | None:
     """None if every meta names a tensor of `targets` with the same shape and dtype, else the
     message naming the first bad tensor."""
     for m in metas:
@@ -50,7 +51,7 @@ def check_metas(targets: dict[str, torch.Tensor], metas: Sequence[TensorMeta]) -
 def receive_bucket(pg: Any, metas: Sequence[TensorMeta], coalesce: bool, device: str) -> list[torch.Tensor]:
     """Receive one bucket from rank 0 of `pg` (blocking): per dtype group when `coalesce` (the rule
     in bucketing.py), else one broadcast per tensor in order. Returns tensors in `metas` order."""
-    out: list[Optional[torch.Tensor]] = [None] * len(metas)
+    out: list[torch.Tensor | None] = [None] * len(metas)
     works = []
     if coalesce:
         for dtype, idx in flat_groups(metas):
@@ -71,7 +72,7 @@ def _reply(success: bool, message: str, core: Any) -> dict:
     return {"success": success, "message": message, "weight_version": int(core.weight_version)}
 
 
-def _version(body: dict) -> Optional[int]:
+def _version(body: dict) -> int | None:
     v = body.get("weight_version")
     if v is None:
         return None
@@ -173,7 +174,7 @@ class WeightReceiver:
             return _reply(False, problem, self.core)
         return await self._apply(list(named), version)
 
-    async def _apply(self, named: list[tuple[str, torch.Tensor]], version: Optional[int]) -> dict:
+    async def _apply(self, named: list[tuple[str, torch.Tensor]], version: int | None) -> dict:
         # SGLang semantics: no weight_version leaves the version unchanged (the core's None means +1).
         target = self.core.weight_version if version is None else version
         try:

@@ -12,10 +12,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from asyncrl.weight_sync.base import (
-    Bucket, EngineHTTP, Stopwatch, SyncReport, WeightMismatchError, WeightSender, WeightSyncError, drain,
+    Bucket,
+    EngineHTTP,
+    Stopwatch,
+    SyncReport,
+    WeightMismatchError,
+    WeightSender,
+    WeightSyncError,
+    drain,
     names_a_tensor,
 )
 from asyncrl.weight_sync.bucketing import nbytes

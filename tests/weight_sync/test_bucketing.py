@@ -5,7 +5,15 @@ import torch
 
 from asyncrl.weight_sync import resolve_transport
 from asyncrl.weight_sync.bucketing import (
-    TensorMeta, dtype_name, flat_groups, iter_buckets, metas_from_request, metas_of, pack, parse_dtype, unpack,
+    TensorMeta,
+    dtype_name,
+    flat_groups,
+    iter_buckets,
+    metas_from_request,
+    metas_of,
+    pack,
+    parse_dtype,
+    unpack,
 )
 from asyncrl.weight_sync.receiver import check_metas
 

@@ -23,6 +23,10 @@ def greedy(url: str) -> list[int]:
     return r.json()["output_ids"]
 
 
+def version_of(url: str) -> int:
+    return httpx.get(url + "/get_weight_version", timeout=30).json()["weight_version"]
+
+
 @pytest.fixture(scope="module")
 def moved(tiny_model_dir, tmp_path_factory):
     """The tiny model with seeded noise added, on cuda:0 (the learner's weights), and its HF export."""
@@ -56,7 +60,7 @@ async def test_tensor_transport_to_a_colocated_embedded_engine(tiny_model_dir, m
         await sender.close()
         assert report.ok and report.buckets >= 3
         assert greedy(eng.url) == want
-        assert httpx.get(eng.url + "/get_weight_version").json()["weight_version"] == 1
+        assert version_of(eng.url) == 1
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs the engine on another GPU than the sender")

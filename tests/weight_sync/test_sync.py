@@ -39,6 +39,10 @@ def greedy(url: str) -> list[list[int]]:
     return out
 
 
+def generate_reply(url: str, ids: list[int]) -> dict:
+    return httpx.post(url + "/generate", json={"input_ids": ids, "sampling_params": GREEDY}, timeout=60).json()
+
+
 def version_of(url: str) -> int:
     return httpx.get(url + "/get_weight_version", timeout=10).json()["weight_version"]
 
@@ -112,7 +116,7 @@ async def test_gloo_sync_equals_fresh_engine_from_export(engines, learner, base_
     for u in urls:
         assert greedy(u) == ref_out
         assert version_of(u) == 1
-        r = httpx.post(u + "/generate", json={"input_ids": [5, 6], "sampling_params": GREEDY}).json()
+        r = generate_reply(u, [5, 6])
         assert r["meta_info"]["weight_version"] == 1 and set(r["meta_info"]["output_token_versions"]) == {1}
 
 
