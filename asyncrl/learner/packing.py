@@ -153,6 +153,30 @@ def build_micro_batch(seqs: Sequence[SeqSpec], seq_index: Sequence[int], packing
     return MicroBatch(list(seq_index), ids, pos, attn, keep, tgt, row, col, sum(lengths), max_resp)
 
 
+def _supports_2d_logits_to_keep() -> bool:
+    """Newer transformers (slice_logits_to_keep) accept a boolean [rows, L] logits_to_keep; older ones only ints/1D."""
+    import transformers.modeling_utils as mu
+
+    return hasattr(mu, "slice_logits_to_keep")
+
+
+def kept_logits(model, mb: MicroBatch, device="cpu") -> "torch.Tensor":
+    """Forward `mb` through a causal LM and return the logits [K, V] of its kept positions (row-major order).
+
+    With a transformers that takes a boolean logits_to_keep only those rows reach the lm_head; otherwise the
+    union of kept positions over the rows is projected (1D logits_to_keep) and the kept ones selected.
+    """
+    kw = dict(input_ids=mb.input_ids.to(device), position_ids=mb.position_ids.to(device),
+              attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(device), use_cache=False)
+    keep = mb.keep.to(device)
+    if _supports_2d_logits_to_keep():
+        logits = model(**kw, logits_to_keep=keep).logits
+        return logits.reshape(-1, logits.shape[-1])
+    pos = keep.any(0).nonzero().flatten()
+    logits = model(**kw, logits_to_keep=pos).logits  # [rows, U, V]
+    return logits[keep[:, pos]]
+
+
 def scatter_rows(values: torch.Tensor, mb: MicroBatch, width: Optional[int] = None) -> torch.Tensor:
     """Put per-kept-position values [K] into a [n_seqs, width] tensor (zeros elsewhere), differentiably."""
     width = mb.max_response if width is None else width

@@ -37,7 +37,8 @@ from asyncrl.learner.distributed import init_distributed
 from asyncrl.learner.importance import importance_weights
 from asyncrl.learner.logprobs import effective_temperature, logprobs_and_entropy
 from asyncrl.learner.losses import policy_loss
-from asyncrl.learner.packing import MicroBatch, SeqSpec, build_micro_batch, plan_micro_batches, scatter_rows
+from asyncrl.learner.packing import (MicroBatch, SeqSpec, build_micro_batch, kept_logits, plan_micro_batches,
+                                     scatter_rows)
 from asyncrl.models import default_device, load_model, load_tokenizer
 
 
@@ -127,14 +128,8 @@ class LearnerWorker:
 
     def _logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
         """Logits [K, V] of the kept positions of `mb` (row-major order of mb.keep)."""
-        dev = self.device
         with self._autocast():
-            out = model(
-                input_ids=mb.input_ids.to(dev), position_ids=mb.position_ids.to(dev),
-                attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(dev),
-                use_cache=False, logits_to_keep=mb.keep.to(dev),
-            )
-        return out.logits.reshape(-1, out.logits.shape[-1])
+            return kept_logits(model, mb, self.device)
 
     def _dummy_forward(self, model: torch.nn.Module, backward: bool) -> None:
         """A one-token forward (and zero-weight backward) keeping FSDP collectives aligned across ranks."""

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from asyncrl.engine.sampling import token_logprobs
-from asyncrl.learner.packing import SeqSpec, build_micro_batch, plan_micro_batches, scatter_rows
+from asyncrl.learner import packing as packing_mod
+from asyncrl.learner.packing import SeqSpec, build_micro_batch, kept_logits, plan_micro_batches, scatter_rows
 
 
 def test_plan_packed_first_fit_decreasing():
@@ -66,10 +67,13 @@ def test_seq_spec_rejects_bad_shapes():
 
 
 @pytest.mark.timeout(120)
-def test_packed_and_padded_rows_score_like_separate_forwards(tiny_model_dir):
+@pytest.mark.parametrize("keep_2d", [True, False])
+def test_packed_and_padded_rows_score_like_separate_forwards(tiny_model_dir, keep_2d, monkeypatch):
     """Token by token: logprob of response token i comes from position P + i - 1 of its own sequence."""
     from transformers import AutoModelForCausalLM
 
+    if not keep_2d:  # the path for transformers versions without a boolean logits_to_keep
+        monkeypatch.setattr(packing_mod, "_supports_2d_logits_to_keep", lambda: False)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(0)
     seqs = []
@@ -82,8 +86,7 @@ def test_packed_and_padded_rows_score_like_separate_forwards(tiny_model_dir):
             mb = build_micro_batch(seqs, list(range(len(seqs))), packing)
             if packing:
                 assert mb.input_ids.shape[0] < len(seqs)  # several sequences share a row
-            out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask,
-                        use_cache=False, logits_to_keep=mb.keep).logits.reshape(-1, model.config.vocab_size)
+            out = kept_logits(model, mb)
             got = scatter_rows(token_logprobs(out, mb.targets, 0.7), mb)
             for n, s in enumerate(seqs):
                 for i in range(s.loss_mask.numel()):

@@ -256,10 +256,28 @@ def test_export_cli_names_a_missing_checkpoint(tmp_path, capsys):
 
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
-def test_train_step_on_gpu_bf16(tiny_model_dir):
+def test_train_step_checkpoint_and_export_on_gpu(tiny_model_dir, tmp_path):
+    """One CUDA rank: fp32 master weights, bf16 autocast compute; checkpoint round trip and HF export."""
+    from transformers import AutoModelForCausalLM
+
     from asyncrl.learner.worker import LearnerWorker
 
     w = LearnerWorker(make_cfg(tiny_model_dir))
-    assert next(w.model.parameters()).is_cuda and next(w.model.parameters()).dtype == torch.float32
-    m = w.train_step(make_batch(seed=1))
+    p0 = next(w.model.parameters())
+    assert p0.is_cuda and p0.dtype == torch.float32
+    m = w.train_step(_on_policy_batch(w, seed=1))  # behavior logprobs from the same bf16 forward
     assert np.isfinite(m["learner/loss"]) and m["learner/grad_norm"] > 0 and w.version == 1
+    assert m["learner/is_mean"] == pytest.approx(1.0, abs=1e-3) and m["learner/is_kl_k3"] < 1e-4
+    w.save_checkpoint(str(tmp_path / "ckpt"), {"k": 1})
+    saved = {k: v.detach().clone() for k, v in w.model.state_dict().items()}
+    w.train_step(make_batch(seed=2))
+    assert w.load_checkpoint(str(tmp_path / "ckpt")) == {"k": 1} and w.version == 1
+    for k, v in w.model.state_dict().items():
+        assert torch.equal(v, saved[k]), k
+    w.export_hf(str(tmp_path / "hf"))
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    for k, v in hf.named_parameters():
+        assert torch.equal(v, saved[k].cpu()), k
+    for bucket in w.iter_full_params(1 << 20):
+        assert len(bucket) == 1 or sum(t.numel() * t.element_size() for _, t in bucket) <= 1 << 20
+        assert all(t.is_cuda and t.dtype == torch.float32 for _, t in bucket)
