@@ -1,8 +1,9 @@
 """Wire protocol of the replay buffer (ZMQ ROUTER on the service, DEALER on clients).
 
-A request is three frames ``[req_id, op, body]`` (PUTS: ``[req_id, op, body, body, ...]``); the ROUTER prepends the peer identity. The reply is
-``[req_id, status, body]`` with the same ``req_id`` so a client can match replies to concurrent
-requests and ignore late ones.
+A request is three frames ``[req_id, op, body]`` (PUTS: ``[req_id, op, body, body, ...]``); the
+ROUTER prepends the peer identity. The reply is ``[req_id, status, body]`` (BATCH:
+``[req_id, status, header, blob]``) with the same ``req_id``, so a client can match replies to
+concurrent requests and ignore late ones.
 
 =========  =====================================  ==============================================
 op         body                                   reply
