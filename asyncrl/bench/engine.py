@@ -23,7 +23,7 @@ from typing import Any
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--max-new-tokens", type=int, default=192, help="length of the long requests")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="length of the long requests")
     parser.add_argument("--long-every", type=int, default=8, help="one request in N is long")
     parser.add_argument("--batch", type=int, default=16, help="running sequences / static batch size")
     parser.add_argument("--min-prompt", type=int, default=32)
@@ -86,9 +86,15 @@ def _static_run(model: Any, work: list[tuple[list[int], int]], batch: int, pad_i
 
 def _cb_run(model: Any, work: list[tuple[list[int], int]], batch: int) -> float:
     from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     gen = GenerationConfig(max_new_tokens=max(n for _, n in work), do_sample=False, eos_token_id=-1)
-    mgr = model.init_continuous_batching(generation_config=gen)
+    # size its paged cache for `batch` running requests (left to itself it takes most of free RAM)
+    page = 256
+    blocks = batch * -(-max(len(p) + n for p, n in work) // page) + 4
+    cb = ContinuousBatchingConfig(page_size=page, num_blocks=blocks, max_batch_tokens=2048,
+                                  max_requests_per_batch=batch)
+    mgr = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
     mgr.start()
     try:
         t0 = time.perf_counter()
