@@ -14,12 +14,14 @@ A crash at any point leaves either no `<path>`, or a complete one: never a half-
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -28,6 +30,14 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 MARKER = "COMPLETE"
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """DCP warns on every single-process save/load; one process is a supported case here, not a mistake."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 class CheckpointError(RuntimeError):
@@ -84,7 +94,8 @@ def save(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
         tmp.mkdir(parents=True)
     _barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
+    with _quiet():
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
     _write(tmp / f"rng_rank{rank}.pt", rng_state())
     _barrier()
     if rank == 0:
@@ -138,7 +149,8 @@ def load(path: str | os.PathLike, model: torch.nn.Module, optimizer: Optional[to
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         state = {"model": get_model_state_dict(model)}
-    dcp.load(state, checkpoint_id=str(p), no_dist=not dist.is_initialized())
+    with _quiet():
+        dcp.load(state, checkpoint_id=str(p), no_dist=not dist.is_initialized())
     if optimizer is not None:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     else:

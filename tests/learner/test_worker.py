@@ -118,6 +118,23 @@ def test_packed_and_padded_micro_batches_give_the_same_loss_and_gradients(worker
     worker.optimizer.zero_grad(set_to_none=True)
 
 
+@pytest.mark.timeout(120)
+def test_reference_kl_entropy_and_non_decoupled_path(tiny_model_dir):
+    """kl_coef > 0 loads a frozen reference copy; decoupled=false skips the proximal forward (no is_* metrics)."""
+    from asyncrl.learner.worker import LearnerWorker
+
+    w = LearnerWorker(make_cfg(tiny_model_dir, minibatches=2, decoupled=False, kl_coef=0.5, kl_estimator="k3",
+                               entropy_coef=0.01, loss_agg="seq_sum_norm", is_level="sequence"))
+    ref_before = {k: v.detach().clone() for k, v in w.ref_model.named_parameters()}
+    m = w.train_step(make_batch(seed=41))
+    assert not any(k.startswith("learner/is_") for k in m)
+    # minibatch 1 starts at the reference weights (k3 = 0), minibatch 2 after one update (k3 > 0)
+    assert 0 < m["learner/kl"] < 1e-3
+    assert m["learner/entropy"] > 0 and np.isfinite(m["learner/loss"])
+    for k, v in w.ref_model.named_parameters():
+        assert torch.equal(v, ref_before[k]) and not v.requires_grad, k
+
+
 @pytest.mark.timeout(60)
 def test_iter_full_params_buckets(worker):
     names = [n for n, _ in worker.model.named_parameters()]
