@@ -33,7 +33,17 @@ from asyncrl.learner.losses import aggregate, kl_penalty, policy_loss, ppo_clip_
 from asyncrl.learner.packing import build_micro_batch, plan_micro_batches
 
 __all__ = [
-    "grpo_advantages", "rloo_advantages", "reinforce_pp_advantages", "compute_advantages",
-    "importance_weights", "policy_loss", "ppo_clip_terms", "kl_penalty", "aggregate",
-    "token_logprobs", "logprobs_and_entropy", "plan_micro_batches", "build_micro_batch",
+    "aggregate",
+    "build_micro_batch",
+    "compute_advantages",
+    "grpo_advantages",
+    "importance_weights",
+    "kl_penalty",
+    "logprobs_and_entropy",
+    "plan_micro_batches",
+    "policy_loss",
+    "ppo_clip_terms",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
+    "token_logprobs",
 ]

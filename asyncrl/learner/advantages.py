@@ -17,7 +17,7 @@ REINFORCE++ for the same reason.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

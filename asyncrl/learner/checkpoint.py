@@ -20,8 +20,9 @@ import os
 import random
 import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,7 +85,7 @@ def _write(path: Path, obj: Any) -> None:
 
 
 def save(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
-         meta: dict[str, Any], config: Optional[dict] = None) -> Path:
+         meta: dict[str, Any], config: dict | None = None) -> Path:
     """Collective: every rank calls it. Writes model + optimizer (DCP), per-rank RNG, and `meta` (rank 0)."""
     final = Path(path)
     tmp = final.with_name(final.name + ".tmp")
@@ -139,7 +140,7 @@ def read_config(path: str | os.PathLike) -> dict:
     return json.loads(p.read_text())
 
 
-def load(path: str | os.PathLike, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> dict[str, Any]:
+def load(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     """Collective: load model (+ optimizer, + this rank's RNG) in place; returns the saved `meta`."""
     p = check_complete(path)
     if optimizer is not None:

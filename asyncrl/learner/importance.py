@@ -25,7 +25,6 @@ token (sequence level), before rejection:
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
@@ -45,8 +44,8 @@ def importance_weights(
     *,
     level: str = "token",
     threshold: float = 2.0,
-    reject_low: Optional[float] = None,
-    reject_high: Optional[float] = None,
+    reject_low: float | None = None,
+    reject_high: float | None = None,
     seq_mode: str = "sum",
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Truncated behavior importance weights. Inputs [B, T]; returns (w [B, T], keep [B, T], diagnostics).

@@ -17,7 +17,7 @@ import torch
 
 from asyncrl.engine.sampling import effective_temperature, token_logprobs
 
-__all__ = ["token_logprobs", "logprobs_and_entropy", "effective_temperature"]
+__all__ = ["effective_temperature", "logprobs_and_entropy", "token_logprobs"]
 
 
 def logprobs_and_entropy(

@@ -29,8 +29,6 @@ max_response_tokens, which then couples the learning rate to the generation budg
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from asyncrl.learner.importance import importance_weights
@@ -44,9 +42,9 @@ def aggregate(
     mask: torch.Tensor,
     mode: str = "token_mean",
     *,
-    num_tokens: Optional[float] = None,
-    num_seqs: Optional[float] = None,
-    max_response_tokens: Optional[int] = None,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    max_response_tokens: int | None = None,
 ) -> torch.Tensor:
     """Aggregate per-token `values` [B, T] over `mask` [B, T] (see the module docstring for formulas).
 
@@ -96,23 +94,23 @@ def policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    prox_logp: Optional[torch.Tensor] = None,
+    prox_logp: torch.Tensor | None = None,
     clip_low: float = 0.2,
     clip_high: float = 0.28,
     is_level: str = "token",
     is_threshold: float = 2.0,
-    is_reject_low: Optional[float] = None,
-    is_reject_high: Optional[float] = None,
+    is_reject_low: float | None = None,
+    is_reject_high: float | None = None,
     is_seq_mode: str = "sum",
-    ref_logp: Optional[torch.Tensor] = None,
+    ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
-    entropy: Optional[torch.Tensor] = None,
+    entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
     agg: str = "token_mean",
-    num_tokens: Optional[float] = None,
-    num_seqs: Optional[float] = None,
-    max_response_tokens: Optional[int] = None,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    max_response_tokens: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The scalar loss and its metrics. All tensors [B, T] (advantages may be [B] or [B, 1]).
 

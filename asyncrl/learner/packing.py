@@ -21,8 +21,8 @@ A sequence longer than the budget gets a micro-batch of its own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import torch
 
@@ -54,7 +54,7 @@ class MicroBatch:
     seq_index: list[int]  # indices (into the list given to the planner) of the sequences in this micro-batch
     input_ids: torch.Tensor  # long [rows, L]
     position_ids: torch.Tensor  # long [rows, L]
-    attention_mask: Optional[torch.Tensor]  # long [rows, L] for padded rows, None for a packed row
+    attention_mask: torch.Tensor | None  # long [rows, L] for padded rows, None for a packed row
     keep: torch.Tensor  # bool [rows, L]: positions whose logits are needed
     targets: torch.Tensor  # long [K]: the token each kept position predicts (row-major order of keep)
     out_row: torch.Tensor  # long [K]: local sequence number (0..n-1) of each kept position
@@ -117,7 +117,7 @@ def _targets(seqs: Sequence[SeqSpec], row_of: Sequence[int], offset_of: Sequence
     flat = torch.cat([torch.full_like(c, row_of[n]) * shape[1] + offset_of[n] + seqs[n].prompt_len - 1 + c
                       for n, c in enumerate(cols)]) if cols else torch.zeros(0, dtype=torch.long)
     order = torch.argsort(flat)
-    cat = lambda xs: torch.cat(xs)[order] if xs else torch.zeros(0, dtype=torch.long)  # noqa: E731
+    cat = lambda xs: torch.cat(xs)[order] if xs else torch.zeros(0, dtype=torch.long)
     return keep, cat(tgts).long(), cat(rows).long(), cat(cols).long()
 
 
@@ -160,7 +160,7 @@ def _supports_2d_logits_to_keep() -> bool:
     return hasattr(mu, "slice_logits_to_keep")
 
 
-def kept_logits(model, mb: MicroBatch, device="cpu") -> "torch.Tensor":
+def kept_logits(model, mb: MicroBatch, device="cpu") -> torch.Tensor:
     """Forward `mb` through a causal LM and return the logits [K, V] of its kept positions (row-major order).
 
     With a transformers that takes a boolean logits_to_keep only those rows reach the lm_head; otherwise the
@@ -177,7 +177,7 @@ def kept_logits(model, mb: MicroBatch, device="cpu") -> "torch.Tensor":
     return logits[keep[:, pos]]
 
 
-def scatter_rows(values: torch.Tensor, mb: MicroBatch, width: Optional[int] = None) -> torch.Tensor:
+def scatter_rows(values: torch.Tensor, mb: MicroBatch, width: int | None = None) -> torch.Tensor:
     """Put per-kept-position values [K] into a [n_seqs, width] tensor (zeros elsewhere), differentiably."""
     width = mb.max_response if width is None else width
     out = values.new_zeros((len(mb.seq_index), width))

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,8 +38,14 @@ from asyncrl.learner.distributed import init_distributed
 from asyncrl.learner.importance import importance_weights
 from asyncrl.learner.logprobs import effective_temperature, logprobs_and_entropy
 from asyncrl.learner.losses import policy_loss
-from asyncrl.learner.packing import (MicroBatch, SeqSpec, build_micro_batch, kept_logits, plan_micro_batches,
-                                     scatter_rows)
+from asyncrl.learner.packing import (
+    MicroBatch,
+    SeqSpec,
+    build_micro_batch,
+    kept_logits,
+    plan_micro_batches,
+    scatter_rows,
+)
 from asyncrl.models import default_device, load_model, load_tokenizer
 
 
@@ -280,13 +287,13 @@ class LearnerWorker:
             logp_k, ent_k = logprobs_and_entropy(logits, mb.targets.to(self.device), self.temperature)
             if not a.entropy_coef:
                 ent_k = ent_k.detach()
-            w = mb.max_response
-            dev = self.device
-            stack = lambda xs, dt=torch.float32: _pad_stack(xs, w, dt).to(dev)  # noqa: E731
+            def stack(xs, dt=torch.float32, width=mb.max_response, dev=self.device):
+                return _pad_stack(xs, width, dt).to(dev)
+
             mask = stack([masks[i] for i in idx], torch.bool)
             logp, entropy = scatter_rows(logp_k, mb).float(), scatter_rows(ent_k, mb).float()
             loss, m = policy_loss(
-                logp, stack([behav[i] for i in idx]), adv[idx].to(dev), mask,
+                logp, stack([behav[i] for i in idx]), adv[idx].to(self.device), mask,
                 prox_logp=stack([prox[i] for i in idx]) if prox is not None else None,
                 clip_low=a.clip_low, clip_high=a.clip_high, is_level=a.is_level, is_threshold=a.is_threshold,
                 is_reject_low=a.is_reject_low, is_reject_high=a.is_reject_high, is_seq_mode=a.is_seq_mode,

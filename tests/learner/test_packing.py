@@ -25,7 +25,7 @@ def test_plan_padded_counts_padding_against_the_budget():
 
 
 def _seqs():
-    mk = lambda ids, p, m: SeqSpec(torch.tensor(ids), p, torch.tensor(m, dtype=torch.bool))  # noqa: E731
+    mk = lambda ids, p, m: SeqSpec(torch.tensor(ids), p, torch.tensor(m, dtype=torch.bool))
     return [mk([11, 12, 13, 14, 15], 2, [1, 0, 1]), mk([21, 22, 23], 1, [1, 1]), mk([31, 32], 1, [1])]
 
 

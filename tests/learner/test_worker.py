@@ -187,7 +187,7 @@ def test_killed_run_resumes_bit_identical(tiny_model_dir, tmp_path):
     from tests.learner import resume_run
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = lambda mode: [sys.executable, "-m", "tests.learner.resume_run", mode, str(tiny_model_dir), str(tmp_path)]  # noqa: E731
+    cmd = lambda mode: [sys.executable, "-m", "tests.learner.resume_run", mode, str(tiny_model_dir), str(tmp_path)]
     crash = subprocess.Popen(cmd("crash"), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = crash.stdout.readline()
