@@ -134,8 +134,8 @@ class EngineCore:
                 r.finish = {"type": "abort", "message": "aborted by request"}
                 self._resolve(r)
                 n += 1
-        for r in self.running:
-            if abort_all or r.rid == rid:
+        for r in list(self.live.values()):  # running, or admitted and about to be prefilled
+            if (abort_all or r.rid == rid) and not r.finished and not r.abort_requested:
                 r.abort_requested = True
                 n += 1
         if n and self.running:
