@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import uuid
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Self
 
 import httpx
 
@@ -28,7 +29,7 @@ from asyncrl.engine.base import GenerateResult, SamplingParams
 class EngineRequestError(RuntimeError):
     """An engine answered with an error, or stayed unreachable after the retries."""
 
-    def __init__(self, message: str, status: Optional[int] = None):
+    def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
         self.status = status
 
@@ -78,7 +79,7 @@ class EngineClient:
         self.max_sessions = max_sessions
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._http: Optional[httpx.AsyncClient] = None
+        self._http: httpx.AsyncClient | None = None
         self.inflight = [0] * len(self.urls)
         self.sessions: collections.OrderedDict[str, int] = collections.OrderedDict()
         self.tokens_out = 0
@@ -94,7 +95,7 @@ class EngineClient:
         return self._http
 
     # ---- routing ---------------------------------------------------------------------------
-    def route(self, session_id: Optional[str]) -> int:
+    def route(self, session_id: str | None) -> int:
         """Index of the engine for this request (sticky per session, else least loaded)."""
         if session_id is not None and session_id in self.sessions:
             self.sessions.move_to_end(session_id)
@@ -108,7 +109,7 @@ class EngineClient:
 
     # ---- requests --------------------------------------------------------------------------
     async def _request(self, method: str, url: str, json: Any = None) -> Any:
-        last: Optional[BaseException] = None
+        last: BaseException | None = None
         for attempt in range(self.max_retries + 1):
             if attempt:
                 self.retries += 1
@@ -132,8 +133,8 @@ class EngineClient:
         input_ids: list[int],
         sampling: SamplingParams,
         *,
-        rid: Optional[str] = None,
-        session_id: Optional[str] = None,
+        rid: str | None = None,
+        session_id: str | None = None,
     ) -> GenerateResult:
         rid = rid or uuid.uuid4().hex
         i = self.route(session_id)
@@ -170,7 +171,7 @@ class EngineClient:
 
         return list(await asyncio.gather(*[one(u) for u in self.urls]))
 
-    async def abort(self, rid: Optional[str] = None) -> None:
+    async def abort(self, rid: str | None = None) -> None:
         """Abort request `rid` on every engine, or every request when rid is None."""
         body = {"rid": rid} if rid is not None else {"abort_all": True}
         await self._all("POST", "/abort_request", body)
@@ -180,8 +181,8 @@ class EngineClient:
             await self._http.aclose()
             self._http = None
 
-    async def __aenter__(self) -> "EngineClient":
+    async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()

@@ -14,8 +14,6 @@ The model sees a `transformers` Cache whose layers are `SlabLayer`s, with a 2-D 
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -74,7 +72,7 @@ class KVBatch:
         return self.mask.shape[1]
 
     @classmethod
-    def from_cache(cls, cache: Cache) -> "KVBatch":
+    def from_cache(cls, cache: Cache) -> KVBatch:
         """Adopt the cache of a one-row prefill (no padding)."""
         layers = []
         for layer in cache.layers:
@@ -87,7 +85,7 @@ class KVBatch:
     def cache(self) -> Cache:
         return Cache(layers=self.layers)
 
-    def merge(self, other: "KVBatch") -> "KVBatch":
+    def merge(self, other: KVBatch) -> KVBatch:
         """Rows of self followed by rows of other, right-aligned to the longer of the two."""
         n = max(self.length, other.length)
         layers = []
@@ -100,7 +98,7 @@ class KVBatch:
         mask[self.rows :, n - other.length :] = other.mask
         return KVBatch(layers, mask)
 
-    def select(self, keep: list[int]) -> Optional["KVBatch"]:
+    def select(self, keep: list[int]) -> KVBatch | None:
         """Keep only rows `keep` (in that order), dropping columns that are padding in all of them."""
         if not keep:
             return None

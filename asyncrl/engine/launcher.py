@@ -16,8 +16,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Self
 
 import httpx
 
@@ -27,13 +28,13 @@ class EngineLaunchError(RuntimeError):
 
 
 class EngineProcess:
-    def __init__(self, url: str, proc: Optional[subprocess.Popen], log_path: Optional[str] = None):
+    def __init__(self, url: str, proc: subprocess.Popen | None, log_path: str | None = None):
         self.url = url
         self.proc = proc
         self.log_path = log_path
 
     @property
-    def pid(self) -> Optional[int]:
+    def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
     def alive(self) -> bool:
@@ -63,10 +64,10 @@ class EngineProcess:
                 pass
             self.proc.wait(timeout=30)
 
-    def __enter__(self) -> "EngineProcess":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:
@@ -86,14 +87,11 @@ def _healthy(url: str, timeout: float = 5.0) -> bool:
         return False
 
 
-def _spawn(cmd: list[str], log_path: str, extra_env: Optional[dict] = None) -> subprocess.Popen:
+def _spawn(cmd: list[str], log_path: str, extra_env: dict | None = None) -> subprocess.Popen:
     env = dict(os.environ)
     env.update(extra_env or {})
-    log = open(log_path, "ab")
-    try:
+    with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    finally:
-        log.close()
 
 
 def _wait(proc: subprocess.Popen, url_of: Any, timeout_s: float, what: str, log_path: str) -> str:
@@ -122,10 +120,10 @@ def launch_embedded(
     max_running_seqs: int = 16,
     max_running_tokens: int = 16384,
     weight_version: int = 0,
-    threads: Optional[int] = None,
-    extra_env: Optional[dict] = None,
+    threads: int | None = None,
+    extra_env: dict | None = None,
     startup_timeout_s: float = 300.0,
-    log_dir: Optional[str] = None,
+    log_dir: str | None = None,
 ) -> EngineProcess:
     """Start the embedded engine server as a subprocess and wait for /health."""
     if not (Path(model_dir) / "config.json").is_file():
@@ -140,7 +138,7 @@ def launch_embedded(
         cmd += ["--threads", str(threads)]
     proc = _spawn(cmd, log_path, extra_env)
 
-    def url_of() -> Optional[str]:
+    def url_of() -> str | None:
         if port_file.is_file():
             return f"http://{host}:{int(port_file.read_text())}"
         return None
@@ -167,9 +165,9 @@ def launch_sglang(
     mem_fraction_static: float = 0.4,
     weight_version: int = 0,
     extra_args: Sequence[str] = (),
-    extra_env: Optional[dict] = None,
+    extra_env: dict | None = None,
     startup_timeout_s: float = 600.0,
-    log_dir: Optional[str] = None,
+    log_dir: str | None = None,
 ) -> EngineProcess:
     """Start a real SGLang server (GPU) and wait for /health. `cfg` (an EngineConfig) overrides
     dtype, mem_fraction_static, extra_args and the startup timeout."""

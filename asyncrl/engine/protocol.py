@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -42,7 +42,7 @@ class GenRequest:
     min_new_tokens: int = 0
     stop_token_ids: frozenset = frozenset()
     ignore_eos: bool = False
-    seed: Optional[int] = None
+    seed: int | None = None
     return_logprob: bool = False
     return_token_times: bool = False
     # state, filled by the engine
@@ -50,10 +50,10 @@ class GenRequest:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
-    finish: Optional[dict] = None
+    finish: dict | None = None
     abort_requested: bool = False
-    generator: Optional[torch.Generator] = None
-    future: Optional[asyncio.Future] = None
+    generator: torch.Generator | None = None
+    future: asyncio.Future | None = None
 
     @property
     def finished(self) -> bool:

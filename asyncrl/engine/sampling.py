@@ -17,7 +17,7 @@ T == 0.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -73,7 +73,7 @@ def sample_row(
     top_k: int = -1,
     top_p: float = 1.0,
     banned: Sequence[int] = (),
-    generator: Optional[torch.Generator] = None,
+    generator: torch.Generator | None = None,
 ) -> int:
     """Draw one token from one row of float32 logits [V] (see the module docstring)."""
     z = logits.float()

@@ -22,7 +22,8 @@ import asyncio
 import collections
 import logging
 import time
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -65,12 +66,12 @@ class EngineCore:
         self.lock = asyncio.Lock()
         self.waiting: collections.deque[GenRequest] = collections.deque()
         self.running: list[GenRequest] = []
-        self.batch: Optional[KVBatch] = None
+        self.batch: KVBatch | None = None
         self.live: dict[str, GenRequest] = {}
         self.done: collections.OrderedDict[str, tuple[tuple, dict]] = collections.OrderedDict()
         self.paused = False
         self._wake = asyncio.Event()
-        self._task: Optional[asyncio.Task] = None
+        self._task: asyncio.Task | None = None
         self.tokens_out = 0
         self.steps = 0
 
@@ -125,7 +126,7 @@ class EngineCore:
             self.done.popitem(last=False)
         return reply
 
-    async def abort(self, rid: Optional[str] = None, abort_all: bool = False) -> int:
+    async def abort(self, rid: str | None = None, abort_all: bool = False) -> int:
         """Finish request `rid` (or all) with finish_reason abort and its partial output; returns how many."""
         n = 0
         for r in list(self.waiting):
@@ -165,7 +166,7 @@ class EngineCore:
         self.paused = False
         self._wake.set()
 
-    async def apply_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: Optional[int]) -> None:
+    async def apply_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None) -> None:
         """Copy tensors into the live parameters in place (names of model.state_dict()), then set
         weight_version to `version` (or +1). Raises ValueError naming the tensor on an unknown name or
         a shape mismatch (tensors before it stay copied). Holds the decode loop's lock."""

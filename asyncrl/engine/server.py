@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -55,7 +55,7 @@ def load_safetensors_dir(model_path: str) -> list[tuple[str, Any]]:
     return out
 
 
-def create_app(core: EngineCore, model_path: str = "", on_ready: Optional[Any] = None) -> FastAPI:
+def create_app(core: EngineCore, model_path: str = "", on_ready: Any | None = None) -> FastAPI:
     """The app; `on_ready()` is called once the engine loop runs (the launcher learns the port then)."""
 
     @contextlib.asynccontextmanager
@@ -164,8 +164,8 @@ def serve(
     max_running_seqs: int = 16,
     max_running_tokens: int = 16384,
     weight_version: int = 0,
-    port_file: Optional[str] = None,
-    threads: Optional[int] = None,
+    port_file: str | None = None,
+    threads: int | None = None,
 ) -> None:
     """Load the model, bind, announce the port (port_file and a stdout line), serve until killed."""
     import torch

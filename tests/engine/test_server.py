@@ -7,7 +7,14 @@ import random
 
 import pytest
 
-from tests.engine.conftest import greedy_path, greedy_reference, post, stats, teacher_forced_logprobs, wait_tokens
+from tests.engine.conftest import (
+    greedy_path,
+    greedy_reference,
+    post,
+    stats,
+    teacher_forced_logprobs,
+    wait_tokens,
+)
 
 PROMPTS = [[1, 2, 3, 4, 5], list(range(200, 260)), [42], list(range(5000, 5013))]
 
@@ -59,7 +66,7 @@ async def test_logprobs_equal_teacher_forced_forward(engine, tiny_model, tempera
 @pytest.mark.timeout(60)
 async def test_seeded_sampling_is_reproducible(engine):
     a = await generate(engine.url, PROMPTS[1], temperature=1.0, max_new_tokens=20, seed=123)
-    b, c = await asyncio.gather(generate(engine.url, PROMPTS[1], temperature=1.0, max_new_tokens=20, seed=123),
+    b, _c = await asyncio.gather(generate(engine.url, PROMPTS[1], temperature=1.0, max_new_tokens=20, seed=123),
                                 generate(engine.url, PROMPTS[0], temperature=1.0, max_new_tokens=20, seed=5))
     d = await generate(engine.url, PROMPTS[1], temperature=1.0, max_new_tokens=20, seed=124)
     assert a["output_ids"] == b["output_ids"]
