@@ -63,6 +63,10 @@ class BufferProcess:
             raise RuntimeError(f"buffer subprocess did not start: {line!r}")
         self.address = line.split()[1]
 
+    def freeze(self) -> None:
+        """SIGSTOP: requests still reach its socket but are never processed or acked."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
     def kill9(self) -> None:
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=10)

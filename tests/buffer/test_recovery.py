@@ -41,7 +41,11 @@ async def test_kill9_mid_stream_then_restart_keeps_every_acked_trajectory_once(t
     tasks = [asyncio.ensure_future(bounded(i)) for i in range(n)]
     while len(acked) < 40:
         await asyncio.sleep(0.005)
-    proc.kill9()  # mid-stream: some puts are in flight, unacked
+    # Freeze it first so the puts now in flight are delivered but certainly unacked when it dies
+    # (without the freeze a fast buffer may have acked all of them, and nothing would need resending).
+    proc.freeze()
+    await asyncio.sleep(0.2)
+    proc.kill9()
     acked_before_kill = set(acked)
     await asyncio.sleep(0.3)
     proc2 = buffer_process(wal, port, fsync)  # same port: the producer's socket reconnects and resends
