@@ -24,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--max-running-tokens", type=int, default=16384)
     s.add_argument("--weight-version", type=int, default=0, help="initial weight_version")
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    s.add_argument("--exit-with-parent", type=int, default=None, metavar="PID",
+                   help="exit when process PID is no longer this server's parent (the launcher passes its pid)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -31,7 +33,8 @@ def main(args: argparse.Namespace) -> int:
 
     serve(args.model_path, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
           max_running_seqs=args.max_running_seqs, max_running_tokens=args.max_running_tokens,
-          weight_version=args.weight_version, port_file=args.port_file, threads=args.threads)
+          weight_version=args.weight_version, port_file=args.port_file, threads=args.threads,
+          exit_with_parent=args.exit_with_parent)
     return 0
 
 

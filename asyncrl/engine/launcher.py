@@ -87,11 +87,22 @@ def _healthy(url: str, timeout: float = 5.0) -> bool:
         return False
 
 
-def _spawn(cmd: list[str], log_path: str, extra_env: dict | None = None) -> subprocess.Popen:
+def _die_with_parent() -> None:  # runs in the child between fork and exec (Linux only)
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _spawn(cmd: list[str], log_path: str, extra_env: dict | None = None, die_with_parent: bool = False) -> subprocess.Popen:
+    """Start a server in its own session. `die_with_parent` (for servers we cannot give a watchdog,
+    i.e. SGLang) asks Linux to SIGTERM it when the spawning thread dies."""
     env = dict(os.environ)
     env.update(extra_env or {})
+    preexec = _die_with_parent if die_with_parent and sys.platform.startswith("linux") else None
     with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=preexec)
 
 
 def _wait(proc: subprocess.Popen, url_of: Any, timeout_s: float, what: str, log_path: str) -> str:
@@ -133,7 +144,7 @@ def launch_embedded(
     cmd = [sys.executable, "-m", "asyncrl.engine.cli", "serve", "--model-path", str(model_dir), "--host", host,
            "--port", str(port), "--port-file", str(port_file), "--device", device, "--dtype", dtype,
            "--max-running-seqs", str(max_running_seqs), "--max-running-tokens", str(max_running_tokens),
-           "--weight-version", str(weight_version)]
+           "--weight-version", str(weight_version), "--exit-with-parent", str(os.getpid())]
     if threads:
         cmd += ["--threads", str(threads)]
     proc = _spawn(cmd, log_path, extra_env)
@@ -186,7 +197,7 @@ def launch_sglang(
     log_path = str(work / "server.log")
     cmd = sglang_command(model_dir, host, port, dtype=dtype, mem_fraction_static=mem_fraction_static,
                          weight_version=weight_version, extra_args=extra_args)
-    proc = _spawn(cmd, log_path, extra_env)
+    proc = _spawn(cmd, log_path, extra_env, die_with_parent=True)
     url = f"http://{host}:{port}"
     _wait(proc, lambda: url, startup_timeout_s, f"sglang server (pid {proc.pid})", log_path)
     return EngineProcess(url, proc, log_path)

@@ -14,6 +14,9 @@ import json
 import logging
 import os
 import socket
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +157,20 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def watch_parent(parent_pid: int, period_s: float = 1.0) -> threading.Thread:
+    """A daemon thread that ends this process (exit code 3) when it is re-parented away from `parent_pid`."""
+
+    def run() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(period_s)
+        print(f"asyncrl engine: parent {parent_pid} is gone; exiting", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    t = threading.Thread(target=run, name="watch-parent", daemon=True)
+    t.start()
+    return t
+
+
 def serve(
     model_path: str,
     *,
@@ -166,8 +183,15 @@ def serve(
     weight_version: int = 0,
     port_file: str | None = None,
     threads: int | None = None,
+    exit_with_parent: int | None = None,
 ) -> None:
-    """Load the model, bind, announce the port (port_file and a stdout line), serve until killed."""
+    """Load the model, bind, announce the port (port_file and a stdout line), serve until killed.
+
+    With `exit_with_parent=PID` the server exits once PID is no longer its parent, so an engine
+    whose launcher was SIGKILLed (a crashed Ray actor) does not live on holding memory and a port.
+    """
+    if exit_with_parent is not None:
+        watch_parent(exit_with_parent)
     import torch
     import uvicorn
     from transformers import AutoModelForCausalLM, AutoTokenizer

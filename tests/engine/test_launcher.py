@@ -45,3 +45,38 @@ def test_sglang_command_flags():
     assert flags["--model-path"] == "/m" and flags["--port"] == "30000" and flags["--dtype"] == "bfloat16"
     assert flags["--mem-fraction-static"] == "0.5" and flags["--weight-version"] == "3"
     assert cmd[-2:] == ["--tp", "1"]
+
+
+@pytest.mark.timeout(180)
+def test_engine_exits_when_its_launcher_is_killed(engine_model_dir):
+    """A launcher SIGKILLed (as a crashed Ray actor is) must not leave its engine running on a port."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("import sys, time\nfrom asyncrl.engine.launcher import launch_embedded\n"
+              f"p = launch_embedded({str(engine_model_dir)!r}, threads=1, startup_timeout_s=120)\n"
+              "print(p.pid, p.url, flush=True)\ntime.sleep(600)\n")
+    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    engine_pid, url = launcher.stdout.readline().split()
+    engine_pid = int(engine_pid)
+    assert httpx.get(url + "/health").status_code == 200
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(engine_pid, 0)  # still there (possibly a zombie awaiting its new parent)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{engine_pid}/stat") as f:
+            if f.read().split(") ", 1)[1].startswith("Z"):
+                break
+        time.sleep(0.2)
+    else:
+        os.kill(engine_pid, signal.SIGKILL)
+        pytest.fail(f"engine pid {engine_pid} outlived its SIGKILLed launcher by 30 s")
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(url + "/health", timeout=2)
