@@ -107,6 +107,8 @@ class Fleet:
     def shutdown(self) -> None:
         for w in self.workers:
             _quietly(lambda: ray.get(w.stop.remote(), timeout=30))
+        for lrn in self.learners:  # leave the weight-sync group before its engines go
+            _quietly(lambda: ray.get(lrn.close_sender.remote(), timeout=30))
         for e in self.engines:
             _quietly(lambda: ray.get(e.stop.remote(), timeout=30))
         if self.buffer is not None:

@@ -10,6 +10,7 @@ the two is repaired on resume by committing them again.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any, Optional
@@ -17,6 +18,8 @@ from typing import Any, Optional
 import ray
 
 from asyncrl.config import Config
+
+log = logging.getLogger(__name__)
 
 
 @ray.remote
@@ -71,7 +74,17 @@ class LearnerActor:
     def connect_engines(self, engine_urls: list[str]) -> None:
         from asyncrl.weight_sync import make_sender
 
+        self.close_sender()  # a reconnect (an engine was restarted) replaces the old group/connections
         self.sender = make_sender(self.cfg.trainer.weight_sync, rank=self.rank, engine_urls=engine_urls)
+
+    def close_sender(self) -> None:
+        if self.sender is None:
+            return
+        sender, self.sender = self.sender, None
+        try:
+            sender.close()
+        except Exception as e:  # an engine that died took its end of the group with it
+            log.warning("closing the previous weight sender failed (%s: %s); continuing", type(e).__name__, e)
 
     def sync_weights(self, version: int) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -108,7 +121,13 @@ def batch_metrics(batch: Any, version: int) -> dict[str, float]:
     rewards = [t.reward for t in trajs]
     stale = [version - t.min_version() for t in trajs]
     n_tok = sum(int(t.loss_mask.numpy().sum()) for t in trajs)
+    parts: dict[str, list[float]] = {}  # the reward function's extra outputs (reward/correct, ...)
+    for t in trajs:
+        for k, v in t.metrics.items():
+            if k.startswith("reward/"):
+                parts.setdefault(k, []).append(v)
     return {
+        **{f"train/{k}": sum(v) / len(v) for k, v in parts.items()},
         "train/reward_mean": sum(rewards) / max(len(rewards), 1),
         "train/num_trajectories": len(trajs),
         "train/staleness_mean": sum(stale) / max(len(stale), 1),
