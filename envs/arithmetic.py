@@ -1,8 +1,11 @@
 """env `arithmetic` (the default): seeded multi-step arithmetic word problems, solved with the calculator.
 
 Answer format: the reply must end with a line `Answer: N` (N an integer). The reward is an exact
-numeric match of the number after the LAST "Answer:" with the ground truth: 1.0 or 0.0, no format
-reward ("Answer: 1,234", "answer: 1234.0" and "Answer: $1234" all match 1234).
+numeric match of the number after the LAST "Answer:" with the ground truth: 1.0 or 0.0 ("Answer:
+1,234", "answer: 1234.0" and "Answer: $1234" all match 1234). `env.options.format_reward=F` (in
+[0, 1)) gives F to a training reply whose "Answer: N" line is well formed but wrong; the default
+config sets 0.1, because the untrained 135M default model almost never answers correctly and a
+group of all-zero rewards carries no GRPO signal. Validation rows never carry it.
 
 Difficulty levels (cfg.difficulty, a list; rows cycle through it):
   1: two operands, one step:        a + b, a - b, a * k
@@ -27,16 +30,17 @@ from asyncrl.config import EnvConfig
 from asyncrl.env_api import Env
 from asyncrl.registry import register
 
-from .rewards import extract_tagged_answer, numbers_equal
+from .rewards import extract_tagged_answer, numbers_equal, parse_number
 
 DATA_SOURCE = "arithmetic"
 MAX_LEVEL = 4
 
 INSTRUCTION = (
-    "Solve the following problem step by step. You may call the calculator tool to evaluate "
-    "arithmetic expressions. End your reply with a final line of the form \"Answer: N\", "
-    "where N is the number.\n\n"
+    "Solve the problem. You can call the calculator tool, for example\n"
+    "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"16 + 7\"}}\n</tool_call>\n"
+    "Finish with a last line \"Answer: N\", for example \"Answer: 23\".\n\n"
 )
+OPTIONS = ("format_reward",)  # env.options this env understands
 
 _NAMES = ["Mia", "Leo", "Ava", "Sam", "Zoe", "Eli", "Ivy", "Max", "Nia", "Omar", "Ruby", "Tom"]
 _ITEMS = ["apples", "marbles", "stickers", "coins", "books", "pencils", "shells", "stamps", "cards", "eggs"]
@@ -138,9 +142,9 @@ def generate(seed: int, split: str, n: int, levels: list[int], exclude: set[str]
     return out
 
 
-def to_row(p: dict[str, Any], split: str, index: int) -> dict[str, Any]:
+def to_row(p: dict[str, Any], split: str, index: int, format_reward: float = 0.0) -> dict[str, Any]:
     gt = str(p["answer"])
-    return {
+    row = {
         "data_source": DATA_SOURCE,
         "prompt": [{"role": "user", "content": INSTRUCTION + p["question"]}],
         "ability": "math",
@@ -154,11 +158,36 @@ def to_row(p: dict[str, Any], split: str, index: int) -> dict[str, Any]:
             "tools_kwargs": {"calculator": {"create_kwargs": {"ground_truth": gt}}},
         },
     }
+    if format_reward:
+        row["extra_info"]["format_reward"] = format_reward
+    return row
 
 
 def compute_score(final_text: str, ground_truth: Any) -> float:
     """1.0 if the number after the last "Answer:" equals ground_truth numerically, else 0.0."""
     return 1.0 if numbers_equal(extract_tagged_answer(final_text), ground_truth) else 0.0
+
+
+def shaped_score(final_text: str, ground_truth: Any, format_reward: float = 0.0) -> dict[str, float]:
+    """1.0 for the right number; `format_reward` for a wrong number on a well-formed "Answer: N" line;
+    else 0.0. Also reports `correct` and `formatted` (0/1), which land in the metrics as reward/*."""
+    answer = extract_tagged_answer(final_text)
+    formatted = answer is not None and parse_number(answer) is not None
+    correct = formatted and numbers_equal(answer, ground_truth)
+    score = 1.0 if correct else (format_reward if formatted else 0.0)
+    return {"score": score, "correct": float(correct), "formatted": float(formatted)}
+
+
+def format_reward_option(options: dict[str, Any]) -> float:
+    """Validate env.options for arithmetic; returns format_reward (default 0.0)."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"env.options: arithmetic does not know {unknown}; it understands {list(OPTIONS)}")
+    value = options.get("format_reward", 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"env.options.format_reward={value!r}: expected a number in [0, 1) "
+                         "(a correct answer earns 1.0)")
+    return float(value)
 
 
 @register("env", "arithmetic")
@@ -168,18 +197,19 @@ class ArithmeticEnv(Env):
     name = "arithmetic"
 
     def build(self, cfg: EnvConfig, split: str) -> list[dict[str, Any]]:
+        fmt = format_reward_option(dict(cfg.options))
         levels = list(cfg.difficulty)
         val = generate(cfg.seed, "val", cfg.num_val, levels)
-        if split == "val":
+        if split == "val":  # evaluation scores correctness only
             return [to_row(p, "val", i) for i, p in enumerate(val)]
         if split != "train":
             raise ValueError(f"arithmetic: unknown split {split!r}; expected train or val")
         train = generate(cfg.seed, "train", cfg.num_train, levels, exclude={p["question"] for p in val})
-        return [to_row(p, "train", i) for i, p in enumerate(train)]
+        return [to_row(p, "train", i, format_reward=fmt) for i, p in enumerate(train)]
 
     def reward(self, *, final_text: str, ground_truth: Any, extra_info: dict[str, Any],
-               tool_rewards: list[float], turn_rewards: list[float]) -> float:
-        return compute_score(final_text, ground_truth)
+               tool_rewards: list[float], turn_rewards: list[float]) -> dict[str, float]:
+        return shaped_score(final_text, ground_truth, float(extra_info.get("format_reward", 0.0)))
 
     # ------------------------------------------------------------------ asyncrl data arithmetic
 

@@ -73,8 +73,8 @@ def test_reward_of_the_true_answer_is_one():
     for r in env.build(_cfg(difficulty=[1, 2, 3, 4]), "val"):
         gt = r["reward_model"]["ground_truth"]
         kw = dict(ground_truth=gt, extra_info=r["extra_info"], tool_rewards=[], turn_rewards=[])
-        assert env.reward(final_text=f"steps...\nAnswer: {gt}", **kw) == 1.0
-        assert env.reward(final_text=f"Answer: {int(gt) + 1}", **kw) == 0.0
+        assert env.reward(final_text=f"steps...\nAnswer: {gt}", **kw)["score"] == 1.0
+        assert env.reward(final_text=f"Answer: {int(gt) + 1}", **kw)["score"] == 0.0
 
 
 @pytest.mark.parametrize("bad", [[0], [5], [], ["2"]])

@@ -65,4 +65,4 @@ async def test_registered_reward_names_replace_the_env_default(tmp_path):
     fn = resolve_reward_fn(_cfg(tmp_path, "search_r1_substring", path=False))
     assert await score(fn, **{**KW, "final_text": "<answer>about 42</answer>"}) == (1.0, {"em": 0.0, "substring_em": 1.0})
     default = resolve_reward_fn(EnvConfig())  # arithmetic's own reward
-    assert await score(default, **{**KW, "final_text": "Answer: 42"}) == (1.0, {})
+    assert await score(default, **{**KW, "final_text": "Answer: 42"}) == (1.0, {"correct": 1.0, "formatted": 1.0})

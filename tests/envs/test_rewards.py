@@ -30,7 +30,35 @@ ARITHMETIC = [
 def test_arithmetic_reward_table(text, gold, want):
     env = arithmetic.ArithmeticEnv()
     got = env.reward(final_text=text, ground_truth=gold, extra_info={}, tool_rewards=[], turn_rewards=[])
-    assert got == want
+    assert got["score"] == want and got["correct"] == want
+
+
+@pytest.mark.parametrize("text,want_score,want_formatted", [
+    ("Answer: 42", 1.0, 1.0),      # correct: 1.0, never the format reward on top
+    ("Answer: 41", 0.25, 1.0),     # well formed but wrong: the format reward
+    ("Answer: 4.2", 0.25, 1.0),
+    ("The answer is 42", 0.0, 0.0),
+    ("Answer: forty-two", 0.0, 0.0),
+    ("", 0.0, 0.0),
+])
+def test_arithmetic_format_reward(text, want_score, want_formatted):
+    env = arithmetic.ArithmeticEnv()
+    got = env.reward(final_text=text, ground_truth="42", extra_info={"format_reward": 0.25}, tool_rewards=[],
+                     turn_rewards=[])
+    assert got == {"score": want_score, "correct": float(want_score == 1.0), "formatted": want_formatted}
+
+
+def test_arithmetic_format_reward_reaches_train_rows_only_and_is_validated():
+    from asyncrl.config import EnvConfig
+
+    env = arithmetic.ArithmeticEnv()
+    cfg = EnvConfig(name="arithmetic", num_train=8, num_val=4, options={"format_reward": 0.1})
+    assert all(r["extra_info"]["format_reward"] == 0.1 for r in env.build(cfg, "train"))
+    assert all("format_reward" not in r["extra_info"] for r in env.build(cfg, "val"))
+    for bad, match in [({"format_reward": 1.0}, "format_reward=1.0"), ({"format_reward": "x"}, "format_reward='x'"),
+                       ({"fromat_reward": 0.1}, "fromat_reward")]:
+        with pytest.raises(ValueError, match=match):
+            env.build(EnvConfig(name="arithmetic", num_train=8, num_val=4, options=bad), "train")
 
 
 GSM8K = [
