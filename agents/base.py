@@ -19,8 +19,9 @@ generated_tokens, plus the reward function's extra numeric outputs under "reward
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from asyncrl import registry
 from asyncrl.config import AgentConfig, ToolSpec

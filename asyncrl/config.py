@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 
-
 def config_dir() -> Path:
     """The Hydra tree shipped as the `asyncrl.configs` package (the repo's configs/ when editable)."""
     import importlib.util

@@ -18,8 +18,8 @@ import ray
 
 from asyncrl import registry
 from asyncrl.config import Config, to_dict
-from asyncrl.metrics import MetricsLogger
 from asyncrl.fleet import Fleet, latest_checkpoint, load_rows, prune_checkpoints
+from asyncrl.metrics import MetricsLogger
 
 log = logging.getLogger("asyncrl")
 

@@ -25,9 +25,9 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 log = logging.getLogger("asyncrl.data")
 

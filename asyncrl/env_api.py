@@ -43,7 +43,7 @@ class Sample:
 
     @classmethod
     def from_row(cls, row: dict[str, Any], *, data_index: int, group_id: str, sample_index: int,
-                 group_size: int) -> "Sample":
+                 group_size: int) -> Sample:
         prompt = row["prompt"]
         messages = [dict(m) for m in (list(prompt) if not isinstance(prompt, str) else [{"role": "user", "content": prompt}])]
         reward_model = row.get("reward_model") or {}

@@ -8,6 +8,7 @@ a checkpoint (learner state plus rollout positions plus the trained batch ids).
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import time
@@ -74,11 +75,15 @@ class Fleet:
         wal_dir = cfg.buffer.wal_dir or str(self.out / "buffer")
         self.buffer = BufferActor.remote(cfg.buffer, wal_dir)
         self.buffer_address = ray.get(self.buffer.address.remote())
-        self.engines = [EngineActor.remote(cfg, self.model_dir, i) for i in range(cfg.engine.num_engines)]
+        engine_threads, learner_threads = cpu_threads(cfg.trainer.mode, available_cpus(), cfg.engine.num_engines,
+                                                      cfg.trainer.learner_ranks)
+        self.engines = [EngineActor.remote(cfg, self.model_dir, i, threads=engine_threads)
+                        for i in range(cfg.engine.num_engines)]
         self.engine_urls = list(cfg.engine.urls) or ray.get([e.start.remote() for e in self.engines])
         port, n = free_port(), cfg.trainer.learner_ranks
         self.learners = [LearnerActor.remote(cfg, r, n, "127.0.0.1", port) for r in range(n)]
-        ray.get([lrn.setup.remote(self.buffer_address if r == 0 else None) for r, lrn in enumerate(self.learners)])
+        ray.get([lrn.setup.remote(self.buffer_address if r == 0 else None, learner_threads)
+                 for r, lrn in enumerate(self.learners)])
         self.worker_states = [{} for _ in range(cfg.trainer.rollout_workers)]
         if resume_from is not None:
             extra = ray.get([lrn.load_checkpoint.remote(str(resume_from)) for lrn in self.learners])[0]
@@ -161,6 +166,8 @@ class Fleet:
             self.engine_urls[i] = ray.get(self.engines[i].restart.remote(weight_version=0))
         if dead:
             self._connect_engines()
+            if self.version > 0:  # it came back with the initial weights: give it the current ones now
+                ray.get([lrn.sync_weights.remote(self.version) for lrn in self.learners])
 
     def rollout_metrics(self) -> dict[str, float]:
         self.check_health()
@@ -214,6 +221,24 @@ class Fleet:
 
     def export(self, out_dir: Path) -> None:
         ray.get([lrn.export.remote(str(out_dir)) for lrn in self.learners])  # the gather is collective
+
+
+def available_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def cpu_threads(mode: str, cpus: int, engines: int, learner_ranks: int) -> tuple[int, int]:
+    """Torch CPU threads for each engine and each learner rank sharing one machine's `cpus` cores.
+
+    async: engines and learner run at the same time, so they split the cores (half each, the learner
+    half getting the odd one); sync: they take turns, so each may use every core. Ray would
+    otherwise give each actor one thread, which starves the synchronous baseline of half a 2-core
+    machine and skews any async/sync comparison.
+    """
+    if mode == "sync":
+        return max(1, cpus // engines), max(1, cpus // learner_ranks)
+    engine_share = cpus // 2
+    return max(1, engine_share // engines), max(1, (cpus - engine_share) // learner_ranks)
 
 
 def _quietly(fn: Any) -> Any:

@@ -17,9 +17,10 @@ import importlib
 import importlib.metadata
 import importlib.util
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 KINDS = ("agent", "tool", "tool_parser", "interaction", "env", "reward")
 ENTRY_POINT_GROUP = "asyncrl.plugins"

@@ -25,14 +25,14 @@ class Array(msgspec.Struct, frozen=True):
     data: bytes
 
     @classmethod
-    def from_numpy(cls, a: np.ndarray) -> "Array":
+    def from_numpy(cls, a: np.ndarray) -> Array:
         a = np.ascontiguousarray(a)
         if a.dtype.name not in _ALLOWED_DTYPES:
             raise SchemaError(f"array dtype {a.dtype.name!r} not allowed; allowed: {sorted(_ALLOWED_DTYPES)}")
         return cls(a.dtype.name, tuple(a.shape), a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
 
     @classmethod
-    def of(cls, values: Any, dtype: str) -> "Array":
+    def of(cls, values: Any, dtype: str) -> Array:
         return cls.from_numpy(np.asarray(values, dtype=dtype))
 
     def numpy(self) -> np.ndarray:
@@ -70,7 +70,7 @@ class Trajectory(msgspec.Struct, kw_only=True):
     data_index: int = -1  # position of the prompt in the dataset (resume bookkeeping)
     sample_index: int = 0  # index within the group
 
-    def validate(self) -> "Trajectory":
+    def validate(self) -> Trajectory:
         """Check alignment of the per-token arrays; raise SchemaError naming the field."""
         r = len(self.response_ids)
         for name in ("loss_mask", "behavior_logprobs", "versions"):

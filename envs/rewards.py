@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Iterable
 from decimal import Decimal, InvalidOperation
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 _NUMBER = r"-?\$?\s*(?:\d[\d,]*(?:\.\d+)?|\.\d+)"
 

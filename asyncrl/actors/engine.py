@@ -21,8 +21,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @ray.remote
 class EngineActor:
-    def __init__(self, cfg: Config, model_dir: str, index: int, weight_version: int = 0):
-        self.cfg, self.model_dir, self.index = cfg, model_dir, index
+    def __init__(self, cfg: Config, model_dir: str, index: int, weight_version: int = 0,
+                 threads: Optional[int] = None):
+        self.cfg, self.model_dir, self.index, self.threads = cfg, model_dir, index, threads
         self.port = free_port(cfg.engine.host)
         self.version = weight_version
         self.proc = None
@@ -40,7 +41,8 @@ class EngineActor:
             self.proc = launch_embedded(
                 self.model_dir, host=e.host, port=self.port, device=e.device or _default_device(),
                 dtype=_dtype(e.dtype), max_running_seqs=e.max_running_seqs, weight_version=self.version,
-                startup_timeout_s=e.launch_timeout_s,
+                startup_timeout_s=e.launch_timeout_s, threads=self.threads,
+                extra_env={"OMP_NUM_THREADS": str(self.threads)} if self.threads else None,
             )
         return self.proc.url
 

@@ -33,16 +33,18 @@ class LearnerActor:
         self.sender = None
         self.uncommitted: list[int] = []
 
-    def setup(self, buffer_address: Optional[str]) -> int:
+    def setup(self, buffer_address: Optional[str], threads: Optional[int] = None) -> int:
+        import torch
         import torch.distributed as dist
+
+        if threads:
+            torch.set_num_threads(threads)  # Ray leaves an actor one thread (OMP_NUM_THREADS=1)
 
         from asyncrl import registry
         from asyncrl.learner.worker import LearnerWorker
 
         registry.load_all(self.cfg.plugins)
         if self.world_size > 1 and not dist.is_initialized():
-            import torch
-
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
         self.worker = LearnerWorker(self.cfg, rank=self.rank, world_size=self.world_size)

@@ -7,8 +7,10 @@ there before it counts as done. Three bounds apply:
   - concurrent episodes (`trainer.episodes_per_worker`);
   - concurrent *generation requests* (`trainer.max_inflight_generations`, `BoundedGenerator`), so
     an episode that waits on a slow tool holds no engine slot.
-An episode that fails (engine down, agent bug) is retried a few times, then reported to the
-buffer as failed so its group completes with its real size.
+An episode that fails (agent bug, bad reply) is retried a few times, then reported to the
+buffer as failed so its group completes with its real size. While its engine is unreachable
+(the controller is restarting it) the episode waits, up to engine.launch_timeout_s, without
+using up those attempts.
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ from asyncrl.rollout.prompts import PromptDraw, PromptSource
 from asyncrl.schema import Trajectory
 
 log = logging.getLogger(__name__)
+
+
+def engine_unreachable(e: BaseException) -> bool:
+    """An engine that does not answer or answers 5xx (down, restarting), as opposed to a bad request."""
+    from asyncrl.engine.client import EngineRequestError
+
+    return isinstance(e, EngineRequestError) and (e.status is None or e.status >= 500)
 
 
 class BoundedGenerator:
@@ -142,7 +151,8 @@ class RolloutWorker:
         from asyncrl.agents.base import run_episode
 
         async with self._episodes:
-            for attempt in range(self.EPISODE_ATTEMPTS):
+            attempt, outage_s = 0, 0.0
+            while attempt < self.EPISODE_ATTEMPTS:
                 try:
                     traj = await run_episode(sample, self.ctx, self.cfg.agent.name)
                     break
@@ -150,8 +160,15 @@ class RolloutWorker:
                     raise
                 except Exception as e:  # engine down, agent-loop bug: counted, retried, then reported
                     self.counts["episode_errors"] += 1
-                    log.warning("episode %s attempt %d failed: %r", sample.uid, attempt + 1, e)
-                    await asyncio.sleep(min(2.0 * (attempt + 1), 10.0))
+                    if engine_unreachable(e) and outage_s < self.cfg.engine.launch_timeout_s:
+                        # the controller is restarting the engine: wait for it without using up attempts
+                        log.warning("episode %s: engine unreachable (%s); retrying", sample.uid, e)
+                        await asyncio.sleep(2.0)
+                        outage_s += 2.0
+                        continue
+                    attempt += 1
+                    log.warning("episode %s attempt %d failed: %r", sample.uid, attempt, e)
+                    await asyncio.sleep(min(2.0 * attempt, 10.0))
             else:
                 self.counts["episodes_failed"] += 1
                 await self.producer.report_failed(sample.group_id, sample.group_size, 1)

@@ -23,9 +23,10 @@ import argparse
 import contextlib
 import json
 import tempfile
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from asyncrl.config import EnvConfig
 from asyncrl.env_api import Env

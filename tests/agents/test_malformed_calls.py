@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
+from asyncrl import registry
 from asyncrl.agents.base import run_episode
 from asyncrl.agents.tool_runner import truncate_middle
 from asyncrl.tools.base import Tool, ToolError
-
-from asyncrl import registry
 
 from .helpers import call, enc, make_ctx, make_sample
 from .scripted_engine import ScriptedEngine

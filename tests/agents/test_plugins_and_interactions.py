@@ -5,11 +5,11 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+
+from asyncrl import registry
 from asyncrl.agents.base import run_episode
 from asyncrl.envs.interactions import AnswerFeedback, answers_match, extract_answer
 from asyncrl.tools.loader import ToolConfigError, load_tool_specs, make_tools
-
-from asyncrl import registry
 
 from .helpers import call, enc, make_ctx, make_sample
 from .scripted_engine import ScriptedEngine

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from asyncrl.agents.base import run_episode
 from asyncrl.agents.parsers import HermesParser, ReactParser, get_parser
 

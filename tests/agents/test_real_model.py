@@ -17,8 +17,8 @@ from typing import Optional
 
 import pytest
 import torch
-from asyncrl.agents.base import run_episode
 
+from asyncrl.agents.base import run_episode
 from asyncrl.config import SamplingConfig
 from asyncrl.engine.base import GenerateResult, SamplingParams
 

@@ -64,24 +64,34 @@ def _check_run(out: Path, steps: int, max_staleness: int) -> list[dict]:
     return recs
 
 
-def test_async_run_survives_a_killed_rollout_worker(tiny_model_dir, tmp_path):
+def _wait_steps(out: Path, n: int, timeout_s: float = 300) -> None:
+    metrics, deadline = out / "metrics.jsonl", time.time() + timeout_s
+    while time.time() < deadline:
+        if metrics.exists() and sum(1 for r in read_metrics(metrics) if "train/reward_mean" in r) >= n:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"step {n} did not finish within {timeout_s:.0f}s")
+
+
+def test_async_run_survives_a_killed_rollout_worker_and_engine(tiny_model_dir, tmp_path):
     out = tmp_path / "async"
-    proc = _train(_overrides(tiny_model_dir, out, **{"trainer.total_steps": 4}), wait=False)
+    # 6 steps: with staleness 1 and 2 groups a step, steps 5-6 need groups generated after the kills
+    proc = _train(_overrides(tiny_model_dir, out, **{"trainer.total_steps": 6}), wait=False)
     try:
-        metrics = out / "metrics.jsonl"
-        deadline = time.time() + 300
-        while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
-            time.sleep(0.5)
-        assert metrics.exists(), "no step finished"
+        _wait_steps(out, 1)
         killed = subprocess.run(["pkill", "-9", "-f", "ray::RolloutActor"], capture_output=True)
         assert killed.returncode == 0, "no rollout worker process found to kill"
+        _wait_steps(out, 2)
+        killed = subprocess.run(["pkill", "-9", "-f", "asyncrl.engine.cli serve"], capture_output=True)
+        assert killed.returncode == 0, "no engine server process found to kill"
         log, _ = proc.communicate(timeout=360)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, log[-4000:]
-    recs = _check_run(out, 4, max_staleness=1)
+    recs = _check_run(out, 6, max_staleness=1)  # every batch full: no episode was given up on
     assert recs[-1]["faults/worker_restarts"] >= 1
+    assert recs[-1]["faults/engine_restarts"] >= 1
 
 
 def test_sync_baseline_runs_on_the_same_components(tiny_model_dir, tmp_path):

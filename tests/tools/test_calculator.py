@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from asyncrl.tools.base import ToolError, validate_arguments
 from asyncrl.tools.calculator import Calculator, evaluate, format_number
 

@@ -8,6 +8,7 @@ import threading
 import uuid
 
 import pytest
+
 from asyncrl.tools.python import PythonTool, netns_available
 
 pytestmark = pytest.mark.timeout(60)

@@ -7,6 +7,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
 from asyncrl.agents.base import run_episode
 from asyncrl.tools.base import ToolError
 from asyncrl.tools.search import SearchTool, format_hits
