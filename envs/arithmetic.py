@@ -1,9 +1,10 @@
 """env `arithmetic` (the default): seeded multi-step arithmetic word problems, solved with the calculator.
 
-Answer format: the reply must end with a line `Answer: N` (N an integer). The reward is an exact
-numeric match of the number after the LAST "Answer:" with the ground truth: 1.0 or 0.0 ("Answer:
-1,234", "answer: 1234.0" and "Answer: $1234" all match 1234). `env.options.format_reward=F` (in
-[0, 1)) gives F to a training reply whose "Answer: N" line is well formed but wrong; the default
+Answer format: the prompt asks for a last line `Answer: N` (N an integer). The reward is an exact
+numeric match of the last stated answer ("Answer: N", or "the answer is N") with the ground truth:
+1.0 or 0.0 ("Answer: 1,234", "answer: 1234.0", "the answer is $1234" all match 1234).
+`env.options.format_reward=F` (in [0, 1)) gives F to a training reply that states an answer that
+is wrong; the default
 config sets 0.1, because the untrained 135M default model almost never answers correctly and a
 group of all-zero rewards carries no GRPO signal. Validation rows never carry it.
 
@@ -169,7 +170,7 @@ def compute_score(final_text: str, ground_truth: Any) -> float:
 
 
 def shaped_score(final_text: str, ground_truth: Any, format_reward: float = 0.0) -> dict[str, float]:
-    """1.0 for the right number; `format_reward` for a wrong number on a well-formed "Answer: N" line;
+    """1.0 for the right number; `format_reward` for a wrong number stated as the answer;
     else 0.0. Also reports `correct` and `formatted` (0/1), which land in the metrics as reward/*."""
     answer = extract_tagged_answer(final_text)
     formatted = answer is not None and parse_number(answer) is not None

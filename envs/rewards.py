@@ -2,7 +2,7 @@
 
 - `parse_number(s)`: "1,234" / "$5" / "7." / "-3.50" -> Decimal, else None.
 - `numbers_equal(a, b)`: numeric equality after `parse_number` on both sides ("72.0" == "72").
-- `extract_tagged_answer(text)`: "Answer: N" (last occurrence, case-insensitive) -> "N".
+- `extract_tagged_answer(text)`: "Answer: N" or "the answer is N" (last occurrence, case-insensitive) -> "N".
 - `extract_gsm8k(text, method)`: strict = the last "#### N"; flexible = the last number in the text
   (verl's gsm8k rule).
 - `normalize_answer(s)` (SQuAD): lower case, drop punctuation, drop articles a/an/the, squeeze spaces.
@@ -43,11 +43,12 @@ def numbers_equal(pred: Any, gold: Any) -> bool:
     return a is not None and b is not None and a == b
 
 
-_ANSWER_LINE = re.compile(r"answer\s*[:=]\s*(" + _NUMBER + r")", re.IGNORECASE)
+# "Answer: N", "answer = N", "the answer is N", "answer is: **N**" (case-insensitive)
+_ANSWER_LINE = re.compile(r"answer\s*(?:is\s*)?[:=]?\s*[\"'*]*\s*(" + _NUMBER + r")", re.IGNORECASE)
 
 
 def extract_tagged_answer(text: str) -> Optional[str]:
-    """The number after the last "Answer:" in `text`, or None."""
+    """The number stated as the answer ("Answer: N", "the answer is N") at its last occurrence, or None."""
     found = _ANSWER_LINE.findall(text or "")
     return found[-1] if found else None
 

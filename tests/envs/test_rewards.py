@@ -17,7 +17,11 @@ ARITHMETIC = [
     ("Answer: -3", "-3", 1.0),
     ("Answer: 41\nWait, Answer: 42", "42", 1.0),  # the last one counts
     ("Answer: 42\nActually Answer: 41", "42", 0.0),
-    ("The answer is 42", "42", 0.0),  # no "Answer:" line
+    ("The answer is 42.", "42", 1.0),  # a stated answer counts, not only the "Answer:" line
+    ("So the answer is: **42**", "42", 1.0),
+    ("The answer is 41, not 42", "42", 0.0),
+    ("I will answer now: it is 42", "42", 0.0),  # no number right after "answer"
+    ("function getAnswer(n) { return 42; }", "42", 0.0),
     ("42", "42", 0.0),
     ("Answer: 420", "42", 0.0),
     ("Answer: 4.2", "42", 0.0),
@@ -37,7 +41,8 @@ def test_arithmetic_reward_table(text, gold, want):
     ("Answer: 42", 1.0, 1.0),      # correct: 1.0, never the format reward on top
     ("Answer: 41", 0.25, 1.0),     # well formed but wrong: the format reward
     ("Answer: 4.2", 0.25, 1.0),
-    ("The answer is 42", 0.0, 0.0),
+    ("The answer is 41", 0.25, 1.0),
+    ("It is 41", 0.0, 0.0),
     ("Answer: forty-two", 0.0, 0.0),
     ("", 0.0, 0.0),
 ])
