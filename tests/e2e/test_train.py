@@ -133,3 +133,32 @@ def test_resume_trains_only_untrained_batches_and_loses_none(tiny_model_dir, tmp
     assert not committed & set(after), "a batch committed with checkpoint 2 was trained again"
     assert len(after) == len(set(after))
     assert lost <= set(after), "a batch trained after the checkpoint was not served again after resume"
+
+
+def _pids(pattern: str) -> set[int]:
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+    return {int(p) for p in found}
+
+
+def test_ctrl_c_checkpoints_then_stops_every_child(tiny_model_dir, tmp_path):
+    children = "asyncrl.engine.cli serve|ray::(Learner|Rollout|Engine|Buffer)Actor|raylet|gcs_server"
+    before = _pids(children)
+    out = tmp_path / "interrupted"
+    args = _overrides(tiny_model_dir, out, **{"trainer.total_steps": 50, "trainer.checkpoint_every": 100})
+    proc = _train(args, wait=False)
+    try:
+        _wait_steps(out, 2)
+        ours = _pids(children) - before
+        assert ours, "found none of the run's processes"
+        os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C delivers to the controller
+        log, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, log[-4000:]
+    steps = sorted(int(p.name.split("_")[1]) for p in (out / "checkpoints").glob("step_*"))
+    assert steps and steps[-1] >= 2, steps  # checkpoint_every=100 was never reached: Ctrl-C wrote it
+    deadline = time.time() + 30
+    while (left := ours & _pids(children)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not left, f"processes of the run still alive after Ctrl-C: {sorted(left)}"
