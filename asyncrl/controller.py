@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import signal
 import time
 from pathlib import Path
 
@@ -40,6 +41,7 @@ def run(cfg: Config) -> int:
              cfg.trainer.mode, cfg.algorithm.max_staleness)
     ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, include_dashboard=False,
              ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING)
+    stop_signal = _stop_on_signals()
     metrics = MetricsLogger(out, wandb_mode=cfg.trainer.wandb, project=cfg.trainer.wandb_project,
                             config=to_dict(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps)
     fleet = Fleet(cfg, out, rows)
@@ -52,11 +54,29 @@ def run(cfg: Config) -> int:
         log.warning("interrupted: shutting down%s", " after a checkpoint" if cfg.trainer.checkpoint_every else "")
         if cfg.trainer.checkpoint_every and fleet.step > fleet.last_checkpoint_step:
             fleet.checkpoint(out / "checkpoints")
-        return 130
+        return 128 + stop_signal.get("signum", signal.SIGINT)
     finally:
         fleet.shutdown()
         metrics.close()
         ray.shutdown()
+
+
+def _stop_on_signals() -> dict:
+    """Ctrl-C (SIGINT) and SIGTERM (a scheduler, `kill`) both stop the run cleanly via KeyboardInterrupt.
+
+    Installed explicitly because a process started in the background of a non-interactive shell
+    inherits SIGINT as ignored, and SIGTERM would otherwise kill the controller without shutdown.
+    Returns a dict that records which signal arrived (for the exit code 128 + signum).
+    """
+    got: dict = {}
+
+    def handler(signum: int, frame: object) -> None:
+        got["signum"] = signum
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+    return got
 
 
 def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path) -> None:
