@@ -125,7 +125,7 @@ async def test_stand_in_model_token_accounting(tokenizer, model):
 
 @pytest.mark.timeout(240)
 async def test_real_embedded_engine_token_accounting(tokenizer, model, tiny_model_dir):
-    launcher = pytest.importorskip("asyncrl.engine.launcher")
+    from asyncrl.engine import launcher
     from asyncrl.engine.client import EngineClient
 
     with launcher.launch_embedded(tiny_model_dir, threads=1, max_running_seqs=4, startup_timeout_s=180) as proc:

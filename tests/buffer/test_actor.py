@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import ray
 
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer
 from asyncrl.config import BufferConfig
 
 from .conftest import traj
-
-ray = pytest.importorskip("ray")
 
 
 @pytest.mark.timeout(180)

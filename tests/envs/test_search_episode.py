@@ -16,15 +16,11 @@ import math
 
 import pytest
 
+from asyncrl.agents.base import AgentContext, run_episode
 from asyncrl.config import AgentConfig, EnvConfig, ToolSpec
 from asyncrl.engine.base import GenerateResult, SamplingParams
 from asyncrl.env_api import Sample, resolve_reward_fn
 from asyncrl.envs.search_r1.env import SearchR1Env
-
-pytest.importorskip("asyncrl.agents.base", reason="the agent loops are not in this checkout yet")
-pytest.importorskip("asyncrl.tools.search", reason="the search tool is not in this checkout yet")
-
-from asyncrl.agents.base import AgentContext, run_episode  # noqa: E402
 
 
 class ForcedPolicy:
