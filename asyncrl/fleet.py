@@ -160,14 +160,22 @@ class Fleet:
                 self.faults["faults/worker_restarts"] += 1
                 self.workers[r] = self._spawn_worker(r)
         dead = [i for i, e in enumerate(self.engines) if not _quietly(lambda: ray.get(e.alive.remote(), timeout=30))]
+        if not dead:
+            return
+        # Restart from the current weights at the current version. Restarting from the base weights
+        # and syncing afterwards lets waiting episodes generate with version-0 weights first; those
+        # trajectories are then too stale to train on, and their admission budget is never returned.
+        weights = self.model_dir
+        if self.version > 0:
+            weights = str(self.out / "engine_restart_weights")
+            ray.get([lrn.export.remote(weights) for lrn in self.learners])
         for i in dead:
-            log.warning("engine %d is down: restarting it on its port", i)
+            log.warning("engine %d is down: restarting it on its port with the weights of version %d", i,
+                        self.version)
             self.faults["faults/engine_restarts"] += 1
-            self.engine_urls[i] = ray.get(self.engines[i].restart.remote(weight_version=0))
-        if dead:
-            self._connect_engines()
-            if self.version > 0:  # it came back with the initial weights: give it the current ones now
-                ray.get([lrn.sync_weights.remote(self.version) for lrn in self.learners])
+            self.engine_urls[i] = ray.get(self.engines[i].restart.remote(model_dir=weights,
+                                                                         weight_version=self.version))
+        self._connect_engines()
 
     def rollout_metrics(self) -> dict[str, float]:
         self.check_health()
