@@ -14,25 +14,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
+from asyncrl import registry
+from asyncrl.agent_loop.tool_calls import Parsed, ToolCall
 from asyncrl.registry import register
-
-
-@dataclass
-class ToolCall:
-    name: str
-    arguments: Optional[dict[str, Any]]  # None when they could not be parsed
-    error: Optional[str] = None  # "invalid_json" when the call could not be parsed
-    raw: str = ""  # the call's text as the model wrote it
-
-
-@dataclass
-class Parsed:
-    content: str  # the text without the tool-call blocks
-    calls: list[ToolCall] = field(default_factory=list)
-    final_answer: Optional[str] = None  # react only
 
 
 @register("tool_parser", "hermes")
@@ -99,7 +85,5 @@ class ReactParser:
 
 
 def get_parser(name: str) -> Any:
-    from asyncrl import registry
-
     obj = registry.get("tool_parser", name)
     return obj() if isinstance(obj, type) else obj

@@ -21,14 +21,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from asyncrl.agent_loop.base import AgentContext, AgentLoop, Episode
+from asyncrl.agent_loop.chat import ChatFormat
+from asyncrl.agent_loop.tool_calls import ToolCall
+from asyncrl.agent_loop.tool_runner import ToolRunner
 from asyncrl.env_api import Sample
 from asyncrl.registry import register
 from asyncrl.schema import Trajectory
 
-from .base import AgentContext, AgentLoop, Episode
-from .chat import ChatFormat
-from .parsers import ReactParser, ToolCall
-from .tool_runner import ToolRunner
+from .parsers import ReactParser
 
 OBSERVATION = "Observation:"
 

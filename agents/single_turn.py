@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from asyncrl.agent_loop.base import AgentContext, AgentLoop, Episode
+from asyncrl.agent_loop.chat import ChatFormat
 from asyncrl.env_api import Sample
 from asyncrl.registry import register
 from asyncrl.schema import Trajectory
-
-from .base import AgentContext, AgentLoop, Episode
-from .chat import ChatFormat
 
 
 @register("agent", "single_turn")

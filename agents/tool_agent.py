@@ -17,14 +17,14 @@ The reward function scores the last assistant message's text.
 
 from __future__ import annotations
 
+from asyncrl.agent_loop.base import AgentContext, AgentLoop, Episode, InteractionSession
+from asyncrl.agent_loop.chat import ChatFormat
+from asyncrl.agent_loop.tool_runner import ToolRunner
 from asyncrl.env_api import Sample
 from asyncrl.registry import register
 from asyncrl.schema import Trajectory
 
-from .base import AgentContext, AgentLoop, Episode, InteractionSession
-from .chat import ChatFormat
 from .parsers import get_parser
-from .tool_runner import ToolRunner
 
 
 @register("agent", "tool_agent")

@@ -64,10 +64,11 @@ class Fleet:
     # ------------------------------------------------------------------ start / stop
 
     def start(self, tool_overrides: dict, resume_from: Optional[Path] = None) -> None:
-        from asyncrl.actors.engine import EngineActor, free_port
+        from asyncrl.actors.engine import EngineActor
         from asyncrl.actors.learner import LearnerActor
         from asyncrl.buffer.actor import BufferActor
         from asyncrl.models import resolve_model_dir
+        from asyncrl.net import free_port
 
         cfg = self.cfg
         self.tool_overrides = tool_overrides

@@ -15,8 +15,7 @@ import operator
 from typing import Any
 
 from asyncrl.registry import register
-
-from .base import Tool, ToolError
+from asyncrl.tooling.base import Tool, ToolError
 
 _BINOPS = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,

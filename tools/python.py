@@ -30,8 +30,7 @@ import tempfile
 from typing import Any
 
 from asyncrl.registry import register
-
-from .base import Tool
+from asyncrl.tooling.base import Tool
 
 # Runs inside the child: installs the audit hook, then executes the snippet from main.py.
 _BOOTSTRAP = r'''

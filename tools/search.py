@@ -18,8 +18,7 @@ from typing import Any, Optional
 import httpx
 
 from asyncrl.registry import register
-
-from .base import Tool, ToolError
+from asyncrl.tooling.base import Tool, ToolError
 
 
 def format_hits(hits: list[dict[str, Any]]) -> str:

@@ -5,18 +5,12 @@ The server keeps a fixed port across restarts, so clients need no new address af
 
 from __future__ import annotations
 
-import socket
 from typing import Optional
 
 import ray
 
 from asyncrl.config import Config
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+from asyncrl.net import free_port
 
 
 @ray.remote

@@ -57,7 +57,7 @@ def _tokenizer() -> Any:
 
 
 def bench_delta(tok: Any, turns: int, repeats: int) -> dict[str, float]:
-    from asyncrl.agents.chat import ChatFormat
+    from asyncrl.agent_loop.chat import ChatFormat
 
     chat = ChatFormat(tok)
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
@@ -84,10 +84,10 @@ def bench_delta(tok: Any, turns: int, repeats: int) -> dict[str, float]:
 
 
 async def bench_parallel_tools(tok: Any, calls: int, sleep_s: float) -> dict[str, float]:
+    from asyncrl.agent_loop.tool_runner import ToolRunner
     from asyncrl.agents.parsers import ToolCall
-    from asyncrl.agents.tool_runner import ToolRunner
     from asyncrl.config import AgentConfig
-    from asyncrl.tools.base import Tool
+    from asyncrl.tooling.base import Tool
 
     class SleepTool(Tool):
         name = "sleep"
@@ -129,10 +129,10 @@ async def bench_sandbox(repeats: int) -> dict[str, float]:
 
 
 async def bench_loop(tok: Any, episodes: int) -> dict[str, float]:
-    from asyncrl.agents.base import AgentContext, run_episode
+    from asyncrl.agent_loop.base import AgentContext, run_episode
     from asyncrl.config import AgentConfig
     from asyncrl.env_api import Sample
-    from asyncrl.tools.loader import load_tool_specs
+    from asyncrl.tooling.loader import load_tool_specs
 
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     replies = [tok.encode(t, add_special_tokens=False) + [im_end] for t in (

@@ -21,13 +21,14 @@ import asyncio
 import multiprocessing as mp
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
+
+from asyncrl.net import free_port
 
 UID_WIDTH = 12  # uids are "p<k>-<index>" padded to a fixed width so the template can be patched
 
@@ -133,12 +134,6 @@ def _per_producer(a) -> int:
     return per
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # ---------------------------------------------------------------------------- the three runs
 
 
@@ -148,7 +143,7 @@ def run_asyncrl(a) -> tuple[float, int]:
     per = _per_producer(a)
     wal = tempfile.mkdtemp(prefix="asyncrl-bench-wal-")
     srv = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "buffer", "--wal-dir", wal, "--fsync", a.fsync,
-                            "--port", str(_free_port())], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            "--port", str(free_port())], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         addr = srv.stdout.readline().split()[1]
         procs, barrier = _start(_asyncrl_producer,

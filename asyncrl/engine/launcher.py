@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Any, Self
 
 import httpx
+
+from asyncrl.net import free_port
 
 
 class EngineLaunchError(RuntimeError):
@@ -72,12 +73,6 @@ class EngineProcess:
 
     def __repr__(self) -> str:
         return f"EngineProcess(url={self.url!r}, pid={self.pid})"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _healthy(url: str, timeout: float = 5.0) -> bool:

@@ -10,18 +10,13 @@ a free loopback port: the way tests and benchmarks get multi-rank runs on one ma
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from asyncrl.net import free_port
 
 
 def backend_for(device: str) -> str:

@@ -24,7 +24,7 @@ def pass_at_k(rewards_by_prompt: list[list[float]], threshold: float = 1.0) -> f
 
 async def evaluate_rows(ctx: Any, rows: list[dict[str, Any]], k: int, agent: str, concurrency: int = 16,
                         tag: str = "eval") -> dict[str, float]:
-    from asyncrl.agents.base import run_episode
+    from asyncrl.agent_loop.base import run_episode
 
     sem = asyncio.Semaphore(concurrency)
 
@@ -51,11 +51,11 @@ class EvalActor:
     async def evaluate(self, version: int) -> dict[str, float]:
         if self.ctx is None:
             from asyncrl import registry
-            from asyncrl.agents.base import AgentContext
+            from asyncrl.agent_loop.base import AgentContext
             from asyncrl.engine.client import EngineClient
             from asyncrl.env_api import resolve_reward_fn
             from asyncrl.models import load_tokenizer
-            from asyncrl.tools.loader import load_tool_specs
+            from asyncrl.tooling.loader import load_tool_specs
 
             registry.load_all(self.cfg.plugins)
             self.ctx = AgentContext(

@@ -66,10 +66,10 @@ class RolloutWorker:
                  engine: Generator, tokenizer: Any, buffer_address: str, output_dir: str | Path,
                  tool_overrides: dict | None = None, start_position: int | None = None,
                  started_groups: int = 0, version: int = 0):
-        from asyncrl.agents.base import AgentContext
+        from asyncrl.agent_loop.base import AgentContext
         from asyncrl.buffer.client import AsyncBufferProducer
         from asyncrl.env_api import resolve_reward_fn
-        from asyncrl.tools.loader import load_tool_specs
+        from asyncrl.tooling.loader import load_tool_specs
 
         self.cfg, self.worker_id = cfg, worker_id
         eta = 0 if cfg.trainer.mode == "sync" else cfg.algorithm.max_staleness
@@ -148,7 +148,7 @@ class RolloutWorker:
         self.counts["groups_done"] += 1
 
     async def _run_episode(self, sample: Sample) -> None:
-        from asyncrl.agents.base import run_episode
+        from asyncrl.agent_loop.base import run_episode
 
         async with self._episodes:
             attempt, outage_s = 0, 0.0

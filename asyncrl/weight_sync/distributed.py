@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
+from asyncrl.net import free_port
 from asyncrl.weight_sync.base import (
     Bucket,
     EngineHTTP,
@@ -42,12 +43,6 @@ from asyncrl.weight_sync.bucketing import dtype_name, flat_groups, metas_of, nby
 from asyncrl.weight_sync.group import destroy_group, init_custom_process_group
 
 log = logging.getLogger(__name__)
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def master_address_for(urls: list[str]) -> str:

@@ -7,9 +7,9 @@ import textwrap
 import pytest
 
 from asyncrl import registry
-from asyncrl.agents.base import run_episode
+from asyncrl.agent_loop.base import run_episode
 from asyncrl.envs.interactions import AnswerFeedback, answers_match, extract_answer
-from asyncrl.tools.loader import ToolConfigError, load_tool_specs, make_tools
+from asyncrl.tooling.loader import ToolConfigError, load_tool_specs, make_tools
 
 from .helpers import call, enc, make_ctx, make_sample
 from .scripted_engine import ScriptedEngine
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(60)
 
 USER_TOOL = textwrap.dedent('''
     from asyncrl.registry import register
-    from asyncrl.tools.base import Tool
+    from asyncrl.tooling.base import Tool
 
     @register("tool", "reverse_words_user")
     class ReverseWords(Tool):

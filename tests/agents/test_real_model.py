@@ -18,7 +18,7 @@ from typing import Optional
 import pytest
 import torch
 
-from asyncrl.agents.base import run_episode
+from asyncrl.agent_loop.base import run_episode
 from asyncrl.config import SamplingConfig
 from asyncrl.engine.base import GenerateResult, SamplingParams
 

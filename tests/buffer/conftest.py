@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,12 +25,6 @@ def traj(uid: str, group_id: str, version: int = 0, group_size: int = 1, n: int 
                            response_ids=[100 + i for i in range(r)], loss_mask=loss_mask,
                            behavior_logprobs=[-0.5 * (i + 1) for i in range(r)], versions=versions,
                            reward=reward)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -8,8 +8,9 @@ from collections import Counter
 import pytest
 
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer
+from asyncrl.net import free_port
 
-from .conftest import free_port, traj
+from .conftest import traj
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,9 +10,10 @@ import zmq
 
 from asyncrl.buffer import protocol as P
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer, BufferError
+from asyncrl.net import free_port
 from asyncrl.schema import encode
 
-from .conftest import free_port, traj
+from .conftest import traj
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,7 +16,7 @@ import math
 
 import pytest
 
-from asyncrl.agents.base import AgentContext, run_episode
+from asyncrl.agent_loop.base import AgentContext, run_episode
 from asyncrl.config import AgentConfig, EnvConfig, ToolSpec
 from asyncrl.engine.base import GenerateResult, SamplingParams
 from asyncrl.env_api import Sample, resolve_reward_fn
@@ -63,7 +63,7 @@ async def test_tool_agent_searches_twice_and_answers(tiny_model_dir):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from asyncrl.tools.loader import load_tool_specs
+    from asyncrl.tooling.loader import load_tool_specs
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -100,7 +100,7 @@ async def test_sampled_episode_on_the_real_engine(tiny_model_dir):
 
     from asyncrl.engine.client import EngineClient
     from asyncrl.engine.launcher import launch_embedded
-    from asyncrl.tools.loader import load_tool_specs
+    from asyncrl.tooling.loader import load_tool_specs
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     env, cfg = SearchR1Env(), _env_cfg()

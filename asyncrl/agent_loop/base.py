@@ -28,6 +28,7 @@ from asyncrl.config import AgentConfig, ToolSpec
 from asyncrl.engine.base import GenerateResult, Generator, SamplingParams
 from asyncrl.env_api import Sample, score
 from asyncrl.schema import Trajectory
+from asyncrl.tooling.loader import make_tools
 
 from .chat import ChatFormat
 from .trajectory_builder import TrajectoryBuilder
@@ -52,8 +53,6 @@ class AgentContext:
     def tools(self) -> dict[str, Any]:
         """The tool objects (built once per context, shared by its episodes; state is per instance_id)."""
         if self._tools is None:
-            from asyncrl.tools.loader import make_tools
-
             self._tools = make_tools(self.tool_specs, self.tool_overrides)
         return self._tools
 

@@ -20,7 +20,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from .parsers import ToolCall
+from asyncrl.tooling.base import ToolError, tool_text, validate_arguments
+
+from .tool_calls import ToolCall
 
 
 @dataclass
@@ -66,9 +68,6 @@ class ToolRunner:
         return self._created[name]
 
     async def _one(self, call: ToolCall, sem: asyncio.Semaphore) -> Outcome:
-        # imported here so that loading the agents plugin package does not load (and label) the tools package
-        from asyncrl.tools.base import ToolError, tool_text, validate_arguments
-
         if call.error == "invalid_json" or call.arguments is None:
             return Outcome(call.name or "?", "Error: the tool call is not valid JSON of the form "
                            '{"name": <tool name>, "arguments": {<arguments>}}: ' + call.raw[:200], kind="invalid_json")
