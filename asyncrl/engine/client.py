@@ -159,7 +159,7 @@ class EngineClient:
         await self._all("POST", "/continue_generation", {})
 
     async def weight_versions(self) -> list[int]:
-        return [_version(d.get("weight_version")) for d in await self._all("GET", "/get_weight_version")]
+        return [_version(d.get("weight_version")) for d in await self._all("GET", "/model_info")]
 
     async def health(self) -> list[bool]:
         async def one(u: str) -> bool:

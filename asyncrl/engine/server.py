@@ -100,18 +100,22 @@ def create_app(core: EngineCore, model_path: str = "", on_ready: Any | None = No
         await core.resume()
         return {"success": True}
 
-    @app.get("/get_weight_version")
-    async def get_weight_version():
-        return {"weight_version": core.weight_version}
-
     @app.get("/health")
     @app.get("/health_generate")
     async def health():
         return {"status": "ok"}
 
-    @app.get("/get_model_info")
-    async def get_model_info():
-        return {"model_path": model_path, "is_generation": True, "weight_version": core.weight_version}
+    @app.get("/model_info")
+    @app.get("/get_model_info")  # SGLang's deprecated alias
+    async def model_info():
+        # SGLang 0.5 reports the weight version here, as a string (GET /get_weight_version does not exist)
+        return {"model_path": model_path, "served_model_name": model_path, "is_generation": True,
+                "weight_version": str(core.weight_version)}
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")  # SGLang's deprecated alias
+    async def server_info():
+        return {"model_path": model_path, "tp_size": 1, "dp_size": 1, "version": "asyncrl-embedded"}
 
     @app.get("/stats")
     async def stats():

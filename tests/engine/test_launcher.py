@@ -17,7 +17,7 @@ def test_launch_port_zero_health_and_stop_frees_port(engine_model_dir):
         port = int(proc.url.rsplit(":", 1)[1])
         assert port > 0 and proc.alive() and isinstance(proc.pid, int)
         assert httpx.get(proc.url + "/health").json() == {"status": "ok"}
-        assert httpx.get(proc.url + "/get_weight_version").json() == {"weight_version": 2}
+        assert httpx.get(proc.url + "/model_info").json()["weight_version"] == "2"
     finally:
         proc.stop()
     assert not proc.alive() and proc.proc.returncode is not None

@@ -24,7 +24,7 @@ def greedy(url: str) -> list[int]:
 
 
 def version_of(url: str) -> int:
-    return httpx.get(url + "/get_weight_version", timeout=30).json()["weight_version"]
+    return int(httpx.get(url + "/model_info", timeout=30).json()["weight_version"])
 
 
 @pytest.fixture(scope="module")

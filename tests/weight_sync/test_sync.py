@@ -44,7 +44,7 @@ def generate_reply(url: str, ids: list[int]) -> dict:
 
 
 def version_of(url: str) -> int:
-    return httpx.get(url + "/get_weight_version", timeout=10).json()["weight_version"]
+    return int(httpx.get(url + "/model_info", timeout=10).json()["weight_version"])
 
 
 @pytest.fixture(scope="module")
