@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from asyncrl.metrics import read_metrics
@@ -46,6 +47,47 @@ def _train(args: list[str], *, wait: bool = True, **kw) -> subprocess.Popen | su
 def _trained(out: Path) -> list[dict]:
     with open(out / "trained_uids.jsonl") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def _tree(proc: subprocess.Popen) -> list[psutil.Process]:
+    """Every live descendant of the `asyncrl train` subprocess this test started (Ray's gcs and raylet,
+    its actor workers, the engine servers the engine actors launched)."""
+    try:
+        return psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def _kill_one(proc: subprocess.Popen, needle: str) -> int:
+    """SIGKILL the one process under `proc` whose command line contains `needle`; its pid.
+    Never looks outside the run's own process tree, so no other process on the host is touched."""
+    found = [p for p in _tree(proc) if needle in _cmdline(p)]
+    assert len(found) == 1, f"expected exactly one {needle!r} under pid {proc.pid}, found " \
+                            f"{[(p.pid, _cmdline(p)) for p in found]}"
+    found[0].kill()
+    found[0].wait(timeout=30)
+    return found[0].pid
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the run and every process it started (by pid: children in other sessions included)."""
+    tree = _tree(proc)
+    if proc.poll() is None:
+        proc.kill()
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(tree, timeout=30)
+    proc.wait(timeout=30)
 
 
 def _check_run(out: Path, steps: int, max_staleness: int) -> list[dict]:
@@ -81,20 +123,18 @@ def test_async_run_survives_a_killed_rollout_worker_and_engine(tiny_model_dir, t
                                                      "trainer.weight_sync.timeout_s": 20}), wait=False)
     try:
         _wait_steps(out, 1)
-        killed = subprocess.run(["pkill", "-9", "-f", "ray::RolloutActor"], capture_output=True)
-        assert killed.returncode == 0, "no rollout worker process found to kill"
+        _kill_one(proc, "ray::RolloutActor")
         _wait_steps(out, 2)
-        killed = subprocess.run(["pkill", "-9", "-f", "asyncrl.engine.cli serve"], capture_output=True)
-        assert killed.returncode == 0, "no engine server process found to kill"
+        _kill_one(proc, "asyncrl.engine.cli serve")
         try:
             log, _ = proc.communicate(timeout=300)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_tree(proc)
             log, _ = proc.communicate()
             pytest.fail(f"the run did not finish within 300 s of the kills; its log ends:\n{log[-6000:]}")
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_tree(proc)
     assert proc.returncode == 0, log[-4000:]
     recs = _check_run(out, 6, max_staleness=1)  # every batch full: no episode was given up on
     assert recs[-1]["faults/worker_restarts"] >= 1
@@ -120,12 +160,10 @@ def test_resume_trains_only_untrained_batches_and_loses_none(tiny_model_dir, tmp
             if (out / "trained_uids.jsonl").exists() and len(_trained(out)) >= 3:
                 break
             time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        _kill_tree(proc)  # the crash: the run and everything it started, nothing else on the host
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    subprocess.run(["ray", "stop", "--force"], capture_output=True)
+            _kill_tree(proc)
     first = _trained(out)
     ckpts = sorted(p.name for p in (out / "checkpoints").glob("step_*"))
     assert ckpts and ckpts[-1] == "step_000002", ckpts
@@ -142,34 +180,28 @@ def test_resume_trains_only_untrained_batches_and_loses_none(tiny_model_dir, tmp
     assert lost <= set(after), "a batch trained after the checkpoint was not served again after resume"
 
 
-def _pids(pattern: str) -> set[int]:
-    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
-    return {int(p) for p in found}
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
 def test_interrupt_checkpoints_then_stops_every_child(tiny_model_dir, tmp_path, sig):
     """Ctrl-C (SIGINT) or a scheduler's SIGTERM: checkpoint, stop every child, exit 128 + signum.
     """
-    children = "asyncrl.engine.cli serve|ray::(Learner|Rollout|Engine|Buffer)Actor|raylet|gcs_server"
-    before = _pids(children)
     out = tmp_path / "interrupted"
     args = _overrides(tiny_model_dir, out, **{"trainer.total_steps": 50, "trainer.checkpoint_every": 100})
     # started with SIGINT ignored, as a background job of a script inherits it: the run must still stop
     proc = _train(args, wait=False, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         _wait_steps(out, 2)
-        ours = _pids(children) - before
-        assert ours, "found none of the run's processes"
+        ours = _tree(proc)  # the run's own processes, found from its pid: no other process is looked at
+        names = " ".join(_cmdline(p) for p in ours)
+        for part in ("ray::LearnerActor", "ray::RolloutActor", "ray::EngineActor", "ray::BufferActor",
+                     "asyncrl.engine.cli serve", "raylet"):
+            assert part in names, f"{part!r} is not among the run's processes: {names[:2000]}"
         os.kill(proc.pid, sig)
         log, _ = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_tree(proc)
     assert proc.returncode == 128 + sig, log[-4000:]
     steps = sorted(int(p.name.split("_")[1]) for p in (out / "checkpoints").glob("step_*"))
     assert steps and steps[-1] >= 2, steps  # checkpoint_every=100 was never reached: the signal wrote it
-    deadline = time.time() + 30
-    while (left := ours & _pids(children)) and time.time() < deadline:
-        time.sleep(0.5)
-    assert not left, f"processes of the run still alive after Ctrl-C: {sorted(left)}"
+    _, left = psutil.wait_procs(ours, timeout=30)  # by pid and start time: a reused pid is not ours
+    assert not left, f"processes of the run still alive after Ctrl-C: {[(p.pid, _cmdline(p)) for p in left]}"
