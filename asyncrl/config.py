@@ -4,6 +4,11 @@ The Hydra tree in `configs/` is composed first (plain Hydra overrides), then the
 plain dict is converted into these dataclasses by `from_dict`, which fails on the first
 unknown key or wrong type with a message that names the key path and the valid choices.
 Range checks live in each section's `__post_init__`. Nothing starts before this passes.
+
+Resolved here, once, and read by everyone else: `algorithm.max_staleness` is the staleness bound
+of the run. `trainer.mode=sync` is the synchronous baseline, which means a bound of 0: `Config`
+resolves it to 0 in sync mode whatever the override said, so the buffer (given the bound when it is
+built), the admission gate and the learner all read the same number from one field.
 """
 
 from __future__ import annotations
@@ -257,6 +262,10 @@ class Config:
     ray: RayConfig = field(default_factory=RayConfig)
     plugins: list[str] = field(default_factory=list)  # module paths or .py files to import
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.trainer.mode == "sync" and self.algorithm.max_staleness != 0:  # the one place sync means eta 0
+            self.algorithm = dataclasses.replace(self.algorithm, max_staleness=0)
 
 
 # ----------------------------------------------------------------------------- conversion

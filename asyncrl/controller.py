@@ -8,7 +8,6 @@ rollout worker and engine is alive and restarts the ones that are not.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import signal
@@ -30,8 +29,6 @@ def run(cfg: Config) -> int:
     out = Path(cfg.trainer.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-    if cfg.trainer.mode == "sync":  # the synchronous baseline: same components, staleness 0
-        cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, max_staleness=0))
     registry.load_all(cfg.plugins)
     from asyncrl.env_api import resolve_env
 

@@ -74,7 +74,7 @@ class Fleet:
         self.tool_overrides = tool_overrides
         self.model_dir = str(resolve_model_dir(cfg.model))  # converts the default model once, here
         wal_dir = cfg.buffer.wal_dir or str(self.out / "buffer")
-        self.buffer = BufferActor.remote(cfg.buffer, wal_dir)
+        self.buffer = BufferActor.remote(cfg.buffer, wal_dir, cfg.algorithm.max_staleness)
         self.buffer_address = ray.get(self.buffer.address.remote())
         engine_threads, learner_threads = cpu_threads(cfg.trainer.mode, available_cpus(), cfg.engine.num_engines,
                                                       cfg.trainer.learner_ranks)

@@ -48,6 +48,10 @@ class Array(msgspec.Struct, frozen=True):
         return self.shape[0] if self.shape else 1
 
 
+_FIELDS = (("prompt_ids", "int32"), ("response_ids", "int32"), ("loss_mask", "uint8"),
+           ("behavior_logprobs", "float32"), ("versions", "int32"))  # the per-trajectory arrays and their dtypes
+
+
 class Trajectory(msgspec.Struct, kw_only=True):
     """One finished episode: the unit that flows from a rollout worker through the buffer to the learner."""
 
@@ -71,16 +75,22 @@ class Trajectory(msgspec.Struct, kw_only=True):
     sample_index: int = 0  # index within the group
 
     def validate(self) -> Trajectory:
-        """Check alignment of the per-token arrays; raise SchemaError naming the field."""
+        """The one check of a trajectory (the buffer runs it on every PUT, the learner on every batch):
+        non-empty uid and group_id, 1-D arrays of the schema's dtypes whose bytes match their shapes,
+        per-token arrays aligned with response_ids. Raises SchemaError naming the field."""
+        if not self.uid or not self.group_id:
+            raise SchemaError(f"trajectory needs a non-empty uid and group_id, got uid={self.uid!r} "
+                              f"group_id={self.group_id!r}")
+        for name, dtype in _FIELDS:
+            a = getattr(self, name)
+            if a.dtype != dtype or len(a.shape) != 1 or len(a.data) != a.shape[0] * np.dtype(dtype).itemsize:
+                raise SchemaError(f"trajectory {self.uid}: {name} must be 1-D {dtype} with matching bytes, got "
+                                  f"{a.dtype} shape {a.shape} with {len(a.data)} bytes")
         r = len(self.response_ids)
         for name in ("loss_mask", "behavior_logprobs", "versions"):
             n = len(getattr(self, name))
             if n != r:
                 raise SchemaError(f"trajectory {self.uid}: {name} has {n} entries, response_ids has {r}")
-        for name, dtype in (("prompt_ids", "int32"), ("response_ids", "int32"), ("loss_mask", "uint8"),
-                            ("behavior_logprobs", "float32"), ("versions", "int32")):
-            if getattr(self, name).dtype != dtype:
-                raise SchemaError(f"trajectory {self.uid}: {name} must be {dtype}, got {getattr(self, name).dtype}")
         return self
 
     @property

@@ -58,8 +58,7 @@ class LearnerActor:
 
     def fetch_batch(self, version: int, timeout_s: float) -> Any:
         """Rank 0: the next batch of complete, fresh-enough groups, or None on timeout."""
-        eta = 0 if self.cfg.trainer.mode == "sync" else self.cfg.algorithm.max_staleness
-        return self.consumer.get_batch(self.cfg.trainer.batch_groups, version, eta, timeout_s=timeout_s)
+        return self.consumer.get_batch(self.cfg.trainer.batch_groups, version, timeout_s=timeout_s)
 
     def train_step(self, batch: Any) -> dict[str, float]:
         t0 = time.perf_counter()

@@ -143,13 +143,13 @@ def run_asyncrl(a) -> tuple[float, int]:
     per = _per_producer(a)
     wal = tempfile.mkdtemp(prefix="asyncrl-bench-wal-")
     srv = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "buffer", "--wal-dir", wal, "--fsync", a.fsync,
-                            "--port", str(free_port())], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            "--port", str(free_port()), "--max-staleness", "4"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         addr = srv.stdout.readline().split()[1]
         procs, barrier = _start(_asyncrl_producer,
                                 lambda k: (addr, k, per, a.tokens, a.group_size, a.window), a.producers, a.producers + 1)
         c = BufferConsumer(addr, timeout_s=30)
-        warm = c.get_batch(a.producers, 0, 10, timeout_s=60)  # the warm-up groups of 1
+        warm = c.get_batch(a.producers, 0, timeout_s=60)  # the warm-up groups of 1
         c.commit([warm.batch_id], 0)
         barrier.wait()
         t0 = time.perf_counter()
@@ -158,7 +158,7 @@ def run_asyncrl(a) -> tuple[float, int]:
         ids = []
         while got < need:
             left_groups = (need - got) // a.group_size
-            b = c.get_batch(min(a.batch_groups, left_groups), current_version=4, max_staleness=4, timeout_s=30)
+            b = c.get_batch(min(a.batch_groups, left_groups), current_version=4, timeout_s=30)
             if b is None:
                 raise RuntimeError(f"asyncrl run stalled at {got}/{need} trajectories: {c.stats()}")
             ids.append(b.batch_id)

@@ -16,8 +16,8 @@ from asyncrl.config import BufferConfig
 
 @ray.remote(num_cpus=0)
 class BufferActor:
-    def __init__(self, cfg: BufferConfig, wal_dir: str | Path):
-        self._svc = BufferService(cfg, wal_dir)
+    def __init__(self, cfg: BufferConfig, wal_dir: str | Path, max_staleness: int):
+        self._svc = BufferService(cfg, wal_dir, max_staleness)
         addr = self._svc.start()
         if cfg.host in ("0.0.0.0", "*"):  # advertise this node's address, not the wildcard
             addr = addr.replace("127.0.0.1", ray.util.get_node_ip_address())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from asyncrl.config import BufferConfig
+from asyncrl.config import AlgorithmConfig, BufferConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,6 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fsync", choices=("each", "batched", "off"), default=d.fsync)
     parser.add_argument("--capacity-trajectories", type=int, default=d.capacity_trajectories)
     parser.add_argument("--capacity-bytes", type=int, default=d.capacity_bytes)
+    parser.add_argument("--max-staleness", type=int, default=AlgorithmConfig().max_staleness,
+                        help="eta: trajectories older than version - eta are dropped (a GET may not change it)")
     parser.add_argument("--order", choices=("oldest", "newest"), default=d.order)
     parser.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes)
     parser.add_argument("--curve-secret", default=None, help="z85 server secret key")
@@ -31,7 +33,7 @@ def main(args: argparse.Namespace) -> int:
                        order=args.order, max_frame_bytes=args.max_frame_bytes,
                        curve_server_secret=args.curve_secret, curve_server_public=args.curve_public)
     try:
-        serve_forever(cfg, args.wal_dir)
+        serve_forever(cfg, args.wal_dir, args.max_staleness)
     except BufferConfigError as e:
         print(f"asyncrl buffer: {e}")
         return 2

@@ -280,14 +280,15 @@ class BufferConsumer:
         raise BufferTimeout(f"buffer at {self.address} did not answer {op.decode()} in "
                             f"{self.REQUEST_TRIES} tries of {self.timeout_s}s")
 
-    def get_batch(self, n_groups: int, current_version: int, max_staleness: int,
+    def get_batch(self, n_groups: int, current_version: int, max_staleness: int | None = None,
                   timeout_s: float = 60.0) -> Batch | None:
-        """`n_groups` complete groups whose trajectories are all at least current_version - max_staleness
-        old, or None if the buffer has not got them within `timeout_s`."""
+        """`n_groups` complete groups whose trajectories are all at least current_version - eta old (eta:
+        the buffer's bound, set when it was built), or None if the buffer has not got them within
+        `timeout_s`. `max_staleness`, if given, must equal the buffer's bound (else BufferError)."""
         if self._late_batches:
             return P.decode_batch([f.buffer for f in self._late_batches.pop(0)])
         req_id = next(self._ids)
-        body = P.pack(P.GetRequest(n_groups, current_version, max_staleness, int(timeout_s * 1000)))
+        body = P.pack(P.GetRequest(n_groups, current_version, int(timeout_s * 1000), max_staleness))
         if not self._send([req_id, P.GET, body]):
             return None
         got = self._wait_reply(req_id, time.monotonic() + timeout_s + self.GRACE_S)

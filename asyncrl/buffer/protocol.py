@@ -56,10 +56,14 @@ class FailReport(msgspec.Struct, frozen=True):
 
 
 class GetRequest(msgspec.Struct, frozen=True):
+    """`n_groups` complete groups fresh enough for `current_version`. The staleness bound is the
+    service's own (given when it is built); `max_staleness`, when a client still sends it, must equal
+    that bound (a disagreement is answered ERR, never silently obeyed)."""
+
     n_groups: int
     current_version: int
-    max_staleness: int
     timeout_ms: int
+    max_staleness: int | None = None
 
 
 class CommitRequest(msgspec.Struct, frozen=True):

@@ -6,6 +6,11 @@ GET requests, write the round's WAL records with one syscall and one fsync (``ba
 commit), and only then send the replies (acks, batches) with ``NOBLOCK``, so an ack always means
 "in the log" and a vanished peer can never block the loop (ROUTER drops what it cannot route).
 
+The staleness bound (eta) is the service's own, given when it is built (`max_staleness`, resolved
+once in `asyncrl.config`); the version comes from VERSION requests (the controller publishes the
+learner's version after each weight sync) and from each GET. So a VERSION arriving before any GET
+already drops the trajectories it makes stale.
+
 A GET is parked until enough complete groups exist or its deadline passes (then EMPTY). A new GET
 from the same peer replaces its parked one. On start the log is replayed through the same state
 machine (`asyncrl.buffer.store`) and compacted to the live state.
@@ -20,14 +25,13 @@ import time
 from pathlib import Path
 
 import msgspec
-import numpy as np
 import zmq
 
 from asyncrl.buffer import protocol as P
 from asyncrl.buffer.store import BufferState, Entry
 from asyncrl.buffer.wal import WriteAheadLog, frame_parts
 from asyncrl.config import BufferConfig
-from asyncrl.schema import Trajectory
+from asyncrl.schema import SchemaError, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -63,34 +67,16 @@ def check_bind(cfg: BufferConfig) -> None:
         raise BufferConfigError("CURVE keys are configured but this libzmq was built without CURVE support")
 
 
-_ARRAYS = (("prompt_ids", "int32", 4), ("response_ids", "int32", 4), ("loss_mask", "uint8", 1),
-           ("behavior_logprobs", "float32", 4), ("versions", "int32", 4))
-
-
 def decode_put(body: bytes) -> Entry:
-    """Validate a PUT body as a Trajectory (types, dtypes, 1-D arrays whose bytes match their shapes,
-    per-token arrays aligned with response_ids); raise ValueError naming what is wrong."""
+    """Decode a PUT body as a Trajectory and check it with `Trajectory.validate` (the one validation);
+    raise ValueError naming what is wrong."""
     try:
-        t = msgspec.msgpack.decode(body, type=Trajectory)
+        t = msgspec.msgpack.decode(body, type=Trajectory).validate()
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise ValueError(f"PUT body is not a valid Trajectory: {e}") from e
-    if not t.uid or not t.group_id:
-        raise ValueError(f"PUT trajectory needs a non-empty uid and group_id, got uid={t.uid!r} "
-                         f"group_id={t.group_id!r}")
-    r = None
-    for name, dtype, size in _ARRAYS:
-        a = getattr(t, name)
-        if a.dtype != dtype or len(a.shape) != 1 or len(a.data) != a.shape[0] * size:
-            raise ValueError(f"trajectory {t.uid}: {name} must be 1-D {dtype} with matching bytes, got "
-                             f"{a.dtype} shape {a.shape} with {len(a.data)} bytes")
-        if name == "response_ids":
-            r = a.shape[0]
-        elif r is not None and a.shape[0] != r:
-            raise ValueError(f"trajectory {t.uid}: {name} has {a.shape[0]} entries, response_ids has {r}")
-    v = np.frombuffer(t.versions.data, dtype="<i4")
-    m = np.frombuffer(t.loss_mask.data, dtype=np.uint8).astype(bool)
-    mv = int(v[m].min()) if m.any() else int(v.max(initial=0))  # == Trajectory.min_version()
-    return Entry(t.uid, t.group_id, t.group_size, mv, body)
+    except SchemaError as e:
+        raise ValueError(f"PUT {e}") from e
+    return Entry(t.uid, t.group_id, t.group_size, t.min_version(), body)
 
 
 class _Parked(msgspec.Struct):
@@ -103,14 +89,16 @@ class _Parked(msgspec.Struct):
 class BufferService:
     """Owns the socket, the WAL and the in-memory state. `start()` returns the address to connect to."""
 
-    def __init__(self, cfg: BufferConfig, wal_dir: str | Path):
+    def __init__(self, cfg: BufferConfig, wal_dir: str | Path, max_staleness: int):
         check_bind(cfg)
+        if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
+            raise BufferConfigError(f"buffer max_staleness must be an integer >= 0, got {max_staleness!r}")
         self.cfg = cfg
         self.wal = WriteAheadLog(wal_dir, cfg.fsync)
         self.state = BufferState(cfg.capacity_trajectories, cfg.capacity_bytes, cfg.order)
+        self.max_staleness = max_staleness  # eta: fixed for the service's life
         self.version = 0
-        self.threshold: int | None = None  # current_version - max_staleness, from the last GET/VERSION
-        self.eta: int | None = None
+        self.threshold = -max_staleness  # version - eta, from the last VERSION or GET
         self.counts = {"malformed": 0, "bytes_received": 0, "busy_replies": 0, "requests": 0}
         self._parked: dict[bytes, _Parked] = {}
         self._sync_fut = None  # running fsync (batched policy) and the replies it releases
@@ -314,9 +302,11 @@ class BufferService:
                 replies.append([ident, req_id, P.OK, b""])
             elif op == P.GET:
                 req = P.unpack(body, P.GetRequest)
-                if req.n_groups < 1 or req.max_staleness < 0:
-                    raise ValueError(f"GET n_groups={req.n_groups} must be >= 1 and max_staleness="
-                                     f"{req.max_staleness} >= 0")
+                if req.n_groups < 1:
+                    raise ValueError(f"GET n_groups={req.n_groups} must be >= 1")
+                if req.max_staleness is not None and req.max_staleness != self.max_staleness:
+                    raise ValueError(f"GET max_staleness={req.max_staleness} disagrees with this buffer's bound "
+                                     f"{self.max_staleness} (set when the buffer was built)")
                 self._parked[ident] = _Parked(ident, req_id, req, time.monotonic() + max(0, req.timeout_ms) / 1000)
             elif op == P.COMMIT:
                 req = P.unpack(body, P.CommitRequest)
@@ -325,9 +315,8 @@ class BufferService:
                 replies.append([ident, req_id, P.OK, b""])
             elif op == P.VERSION:
                 self.version = P.unpack(body, P.VersionRequest).version
-                if self.eta is not None:
-                    self.threshold = self.version - self.eta
-                    self._drop_stale(records)
+                self.threshold = self.version - self.max_staleness
+                self._drop_stale(records)
                 replies.append([ident, req_id, P.OK, b""])
             elif op == P.STATS:
                 replies.append([ident, req_id, P.STATS_REPLY, P.pack(self.stats())])
@@ -357,7 +346,7 @@ class BufferService:
             return f"err: {ex}"[:1000]
         self.counts["bytes_received"] += len(body)
         verdict = self.state.classify(e.uid, e.group_id, len(body))
-        if verdict == "busy" and self.threshold is not None:
+        if verdict == "busy":
             self._drop_stale(records)  # free what may be freed before refusing
             verdict = self.state.classify(e.uid, e.group_id, len(body))
         if verdict == "busy":
@@ -392,8 +381,7 @@ class BufferService:
 
     def _try_serve(self, req: P.GetRequest, records: list[bytes]) -> list | None:
         st = self.state
-        self.eta = req.max_staleness
-        self.threshold = req.current_version - req.max_staleness
+        self.threshold = req.current_version - self.max_staleness
         while (replay := st.next_replay()) is not None:
             # outstanding before a restart: the same batch again, same id, whatever n_groups asks;
             # the staleness rule still holds (members now stale are left out and counted)
@@ -417,15 +405,16 @@ class BufferService:
 
     def stats(self) -> dict:
         return {**self.state.stats(self.version), **self.counts, "version": self.version,
+                "max_staleness": self.max_staleness,
                 "wal_bytes_written": self.wal.bytes_written, "wal_fsyncs": self.wal.fsyncs}
 
 
-def serve_forever(cfg: BufferConfig, wal_dir) -> None:
+def serve_forever(cfg: BufferConfig, wal_dir, max_staleness: int) -> None:
     """Run the service in this process until SIGINT/SIGTERM (used by `asyncrl buffer` and tests).
     Prints one line ``BUFFER_ADDRESS tcp://host:port`` on stdout once it serves."""
     import signal
 
-    svc = BufferService(cfg, wal_dir)
+    svc = BufferService(cfg, wal_dir, max_staleness)
     addr = svc.start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

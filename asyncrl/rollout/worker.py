@@ -72,8 +72,7 @@ class RolloutWorker:
         from asyncrl.tooling.loader import load_tool_specs
 
         self.cfg, self.worker_id = cfg, worker_id
-        eta = 0 if cfg.trainer.mode == "sync" else cfg.algorithm.max_staleness
-        self.gate = StalenessGate(eta, cfg.trainer.batch_groups, num_workers, version=version, started=started_groups)
+        self.gate = StalenessGate(cfg.algorithm.max_staleness, cfg.trainer.batch_groups, num_workers, version=version, started=started_groups)
         self.source = PromptSource(rows, seed=cfg.seed, shard=worker_id, num_shards=num_workers,
                                    start_position=start_position)
         self.engine = BoundedGenerator(engine, cfg.trainer.max_inflight_generations)

@@ -29,11 +29,12 @@ def traj(uid: str, group_id: str, version: int = 0, group_size: int = 1, n: int 
 
 @pytest.fixture
 def service(tmp_path):
-    """Factory: start a BufferService on a WAL dir (default tmp_path/wal); all are stopped at teardown."""
+    """Factory: start a BufferService on a WAL dir (default tmp_path/wal) with staleness bound
+    `max_staleness` (default 0); all are stopped at teardown."""
     started = []
 
-    def make(wal_dir=None, **cfg_kw):
-        svc = BufferService(BufferConfig(**cfg_kw), wal_dir or tmp_path / "wal")
+    def make(wal_dir=None, max_staleness=0, **cfg_kw):
+        svc = BufferService(BufferConfig(**cfg_kw), wal_dir or tmp_path / "wal", max_staleness)
         svc.start()
         started.append(svc)
         return svc
@@ -46,10 +47,10 @@ def service(tmp_path):
 class BufferProcess:
     """`asyncrl buffer` in a real subprocess (python -m asyncrl.cli buffer ...)."""
 
-    def __init__(self, wal_dir, port: int, fsync: str = "batched"):
+    def __init__(self, wal_dir, port: int, fsync: str = "batched", max_staleness: int = 0):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "asyncrl.cli", "buffer", "--wal-dir", str(wal_dir), "--port", str(port),
-             "--fsync", fsync], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             "--fsync", fsync, "--max-staleness", str(max_staleness)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.proc.stdout.readline()
         if not line.startswith("BUFFER_ADDRESS "):
             self.proc.kill()
@@ -78,8 +79,8 @@ class BufferProcess:
 def buffer_process():
     procs = []
 
-    def make(wal_dir, port, fsync="batched"):
-        p = BufferProcess(wal_dir, port, fsync)
+    def make(wal_dir, port, fsync="batched", max_staleness=0):
+        p = BufferProcess(wal_dir, port, fsync, max_staleness)
         procs.append(p)
         return p
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def drain(c: BufferConsumer, timeout_s=1.0):
     batches = []
-    while (b := c.get_batch(1, 0, 0, timeout_s=timeout_s)) is not None:
+    while (b := c.get_batch(1, 0, timeout_s=timeout_s)) is not None:
         batches.append(b)
     return batches
 
@@ -66,30 +66,30 @@ async def test_kill9_mid_stream_then_restart_keeps_every_acked_trajectory_once(t
 
 async def test_uncommitted_batches_are_served_again_after_restart(tmp_path, buffer_process):
     port, wal = free_port(), tmp_path / "wal"
-    proc = buffer_process(wal, port)
+    proc = buffer_process(wal, port, max_staleness=10)
     p = AsyncBufferProducer(proc.address)
     await asyncio.gather(*(p.put(traj(f"u{g}-{i}", f"G{g}", version=g, group_size=2))
                            for g in range(7) for i in range(2)))
     await p.close()
     c = BufferConsumer(proc.address)
-    served = [c.get_batch(2, 6, 10, timeout_s=5) for _ in range(3)]  # 6 of 7 groups served
+    served = [c.get_batch(2, 6, timeout_s=5) for _ in range(3)]  # 6 of 7 groups served
     assert [b.batch_id for b in served] == [0, 1, 2]
     c.commit([0], step=1)
     c.close()
     proc.kill9()
 
-    proc = buffer_process(wal, port)
+    proc = buffer_process(wal, port, max_staleness=10)
     c = BufferConsumer(proc.address)
-    again = [c.get_batch(2, 6, 10, timeout_s=5) for _ in range(2)]
+    again = [c.get_batch(2, 6, timeout_s=5) for _ in range(2)]
     # exactly the uncommitted batches, same ids, same groups, same trajectories
     assert [b.batch_id for b in again] == [1, 2]
     for old, new in zip(served[1:], again):
         assert [(g.group_id, sorted(t.uid for t in g.trajectories)) for g in old.groups] == \
                [(g.group_id, sorted(t.uid for t in g.trajectories)) for g in new.groups]
     c.commit([1], step=2)  # a learner resuming from its checkpoint commits what it had trained
-    nxt = c.get_batch(1, 6, 10, timeout_s=5)  # then the never-served group, as a new batch
+    nxt = c.get_batch(1, 6, timeout_s=5)  # then the never-served group, as a new batch
     assert (nxt.batch_id, nxt.groups[0].group_id) == (3, "G6")
-    assert c.get_batch(1, 6, 10, timeout_s=0.3) is None
+    assert c.get_batch(1, 6, timeout_s=0.3) is None
     c.close()
     proc.terminate()  # a clean stop this time
 
@@ -114,18 +114,18 @@ async def test_uncommitted_batches_are_served_again_after_restart(tmp_path, buff
 
 async def test_replayed_batch_still_obeys_staleness(tmp_path, service):
     """A batch outstanding at a crash is served again, but never with members now too stale."""
-    svc = service(wal_dir=tmp_path / "w")
+    svc = service(wal_dir=tmp_path / "w", max_staleness=2)
     p = AsyncBufferProducer(svc.address)
     await asyncio.gather(*(p.put(traj(f"m{v}", "M", version=v, group_size=3)) for v in (1, 2, 3)))
     await p.close()
     c = BufferConsumer(svc.address)
-    first = c.get_batch(1, current_version=3, max_staleness=2, timeout_s=5)
+    first = c.get_batch(1, current_version=3, timeout_s=5)
     c.close()
     svc.stop()
     assert sorted(t.uid for t in first.trajectories()) == ["m1", "m2", "m3"]
-    svc = service(wal_dir=tmp_path / "w")
+    svc = service(wal_dir=tmp_path / "w", max_staleness=2)
     c = BufferConsumer(svc.address)
-    again = c.get_batch(1, current_version=4, max_staleness=1, timeout_s=5)  # now v >= 3 only
+    again = c.get_batch(1, current_version=5, timeout_s=5)  # now v >= 3 only
     st = c.stats()
     c.close()
     assert again.batch_id == first.batch_id

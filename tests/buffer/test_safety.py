@@ -82,7 +82,7 @@ def test_raw_tcp_garbage_does_not_break_the_service(service):
 @pytest.mark.parametrize("host", ["0.0.0.0", "*", "10.1.2.3", "eth0"])
 def test_non_loopback_bind_without_keys_is_refused(tmp_path, host):
     with pytest.raises(BufferConfigError, match="not a loopback address and no CURVE keys"):
-        BufferService(BufferConfig(host=host), tmp_path)
+        BufferService(BufferConfig(host=host), tmp_path, 0)
 
 
 def test_loopback_recognition():
@@ -98,7 +98,7 @@ def test_cli_refuses_exposed_bind(tmp_path):
 
 def test_half_configured_keys_are_refused(tmp_path):
     with pytest.raises(BufferConfigError, match="set together"):
-        BufferService(BufferConfig(curve_server_secret="x" * 40), tmp_path)
+        BufferService(BufferConfig(curve_server_secret="x" * 40), tmp_path, 0)
 
 
 @pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")

@@ -10,6 +10,8 @@ import zmq
 
 from asyncrl.buffer import protocol as P
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer, BufferError
+from asyncrl.buffer.server import BufferConfigError, BufferService
+from asyncrl.config import BufferConfig
 from asyncrl.net import free_port
 from asyncrl.schema import encode
 
@@ -40,11 +42,11 @@ def raw_request(addr, frames, timeout_ms=3000):
 
 
 async def test_round_trip_token_by_token(service):
-    addr = service().address
+    addr = service(max_staleness=2).address
     sent = [traj(f"g{g}-{i}", f"g{g}", version=g, group_size=2) for g in range(3) for i in range(2)]
     await put_all(addr, sent)
     c = BufferConsumer(addr)
-    b = c.get_batch(3, current_version=2, max_staleness=2, timeout_s=5)
+    b = c.get_batch(3, current_version=2, timeout_s=5)
     c.close()
     assert b.batch_id == 0
     assert [g.group_id for g in b.groups] == ["g0", "g1", "g2"]  # oldest first
@@ -69,7 +71,7 @@ async def test_retried_send_is_stored_once(service):
     await p.put(traj("other", "g", group_size=2))
     await p.close()
     c = BufferConsumer(svc.address)
-    b = c.get_batch(1, 0, 0, timeout_s=5)
+    b = c.get_batch(1, 0, timeout_s=5)
     st = c.stats()
     c.close()
     assert sorted(t.uid for t in b.trajectories()) == ["other", "same"]
@@ -91,7 +93,7 @@ async def test_unacked_put_is_resent_until_the_buffer_appears(service, tmp_path)
 
 
 async def test_staleness_drops_exactly_the_stale_ones(service):
-    addr = service().address
+    addr = service(max_staleness=1).address
     sent = [traj(f"v{v}", f"s{v}", version=v) for v in range(4)]
     # a trajectory spanning an update: its generated tokens are v1 and v3, the inserted one (-1) is ignored
     sent.append(traj("span", "span", versions=[1, -1, 3], loss_mask=[1, 0, 1]))
@@ -99,9 +101,9 @@ async def test_staleness_drops_exactly_the_stale_ones(service):
     sent += [traj("pair-old", "pair", version=0, group_size=2), traj("pair-new", "pair", version=3, group_size=2)]
     await put_all(addr, sent)
     c = BufferConsumer(addr)
-    b = c.get_batch(3, current_version=3, max_staleness=1, timeout_s=5)  # threshold: version >= 2
+    b = c.get_batch(3, current_version=3, timeout_s=5)  # threshold: version >= 2
     st = c.stats()
-    assert c.get_batch(1, 3, 1, timeout_s=0.3) is None  # nothing else was servable
+    assert c.get_batch(1, 3, timeout_s=0.3) is None  # nothing else was servable
     c.close()
     assert sorted(t.uid for t in b.trajectories()) == ["pair-new", "v2", "v3"]
     pair = next(g for g in b.groups if g.group_id == "pair")
@@ -116,14 +118,14 @@ async def test_group_waits_for_all_members_or_failure_reports(service):
     await p.put(traj("a0", "A", group_size=3))
     await p.put(traj("a1", "A", group_size=3))
     c = BufferConsumer(addr)
-    assert c.get_batch(1, 0, 0, timeout_s=0.3) is None  # 2 of 3 arrived: incomplete
+    assert c.get_batch(1, 0, timeout_s=0.3) is None  # 2 of 3 arrived: incomplete
     await p.report_failed("A", 3, 1)
-    b = c.get_batch(1, 0, 0, timeout_s=5)
+    b = c.get_batch(1, 0, timeout_s=5)
     assert [(g.group_id, len(g.trajectories), g.failed, g.expected) for g in b.groups] == [("A", 2, 1, 3)]
     # a group whose every member failed is never served and does not block others
     await p.report_failed("B", 2, 2)
     await p.put(traj("c0", "C", group_size=1))
-    b2 = c.get_batch(1, 0, 0, timeout_s=5)
+    b2 = c.get_batch(1, 0, timeout_s=5)
     assert [g.group_id for g in b2.groups] == ["C"]
     assert b2.batch_id == b.batch_id + 1
     # a member arriving after its group was served is counted as late, not stored
@@ -138,7 +140,7 @@ async def test_get_batch_blocks_until_groups_complete(service):
     addr = service().address
     c = BufferConsumer(addr)
     loop = asyncio.get_running_loop()
-    fut = loop.run_in_executor(None, lambda: c.get_batch(2, 0, 0, timeout_s=10))
+    fut = loop.run_in_executor(None, lambda: c.get_batch(2, 0, timeout_s=10))
     await asyncio.sleep(0.3)
     await put_all(addr, [traj("x", "X"), traj("y", "Y")])
     b = await asyncio.wait_for(fut, 10)
@@ -148,10 +150,10 @@ async def test_get_batch_blocks_until_groups_complete(service):
 
 @pytest.mark.parametrize("order,expected", [("oldest", ["o1", "o2", "o5"]), ("newest", ["o5", "o2", "o1"])])
 async def test_serving_order(service, order, expected):
-    addr = service(order=order).address
+    addr = service(order=order, max_staleness=10).address
     await put_all(addr, [traj(f"o{v}", f"o{v}", version=v) for v in (2, 5, 1)])
     c = BufferConsumer(addr)
-    got = [c.get_batch(1, 5, 10, timeout_s=5).groups[0].group_id for _ in range(3)]
+    got = [c.get_batch(1, 5, timeout_s=5).groups[0].group_id for _ in range(3)]
     c.close()
     assert got == expected
 
@@ -165,9 +167,9 @@ async def test_back_pressure_producer_waits_then_succeeds(service):
     await asyncio.sleep(0.6)
     assert not third.done() and p.busy_waits >= 1  # told to wait, waiting
     c = BufferConsumer(addr)
-    first = c.get_batch(1, 0, 0, timeout_s=5)
+    first = c.get_batch(1, 0, timeout_s=5)
     await asyncio.wait_for(third, 10)
-    rest = [c.get_batch(1, 0, 0, timeout_s=5) for _ in range(2)]
+    rest = [c.get_batch(1, 0, timeout_s=5) for _ in range(2)]
     st = c.stats()
     c.close()
     await p.close()
@@ -185,7 +187,7 @@ async def test_capacity_in_bytes_admits_members_of_started_groups(service):
     await asyncio.sleep(0.4)
     assert not other.done()
     c = BufferConsumer(addr)
-    assert c.get_batch(1, 0, 0, timeout_s=5).groups[0].group_id == "Z"
+    assert c.get_batch(1, 0, timeout_s=5).groups[0].group_id == "Z"
     await asyncio.wait_for(other, 10)
     c.close()
     await p.close()
@@ -203,11 +205,15 @@ def test_malformed_and_oversized_requests_get_errors(service):
     bad.loss_mask = bad.loss_mask.__class__("uint8", (2,), b"\x01\x01")  # misaligned with response_ids
     r = raw_request(a, [b"6", P.PUT, encode(bad)])
     assert r[1] == P.ERR and b"loss_mask has 2 entries" in r[2]
-    assert raw_request(a, [b"7", P.GET, P.pack(P.GetRequest(0, 0, 0, 10))])[1] == P.ERR
+    assert raw_request(a, [b"7", P.GET, P.pack(P.GetRequest(0, 0, 10))])[1] == P.ERR
+    r = raw_request(a, [b"8", P.GET, P.pack(P.GetRequest(1, 0, 10, max_staleness=5))])  # the bound is the service's
+    assert r[1] == P.ERR and b"max_staleness=5 disagrees with this buffer's bound 0" in r[2]
     c = BufferConsumer(a)
-    assert c.stats()["malformed"] == 6
+    assert c.stats()["malformed"] == 7
     with pytest.raises(BufferError, match="n_groups=0"):
-        c.get_batch(0, 0, 0, timeout_s=1)
+        c.get_batch(0, 0, timeout_s=1)
+    with pytest.raises(BufferError, match="max_staleness=3 disagrees"):
+        c.get_batch(1, 0, max_staleness=3, timeout_s=1)
     c.close()
 
 
@@ -218,7 +224,7 @@ async def test_vanished_clients_do_not_wedge_the_service(service):
         s = ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         s.connect(addr)
-        s.send_multipart([b"g", P.GET, P.pack(P.GetRequest(1, 0, 0, 200))])
+        s.send_multipart([b"g", P.GET, P.pack(P.GetRequest(1, 0, 200))])
         s.send_multipart([b"p", P.PUT, encode(traj(f"gone{i}", f"gone{i}"))])
         await asyncio.sleep(0.02)
         s.close()
@@ -228,23 +234,31 @@ async def test_vanished_clients_do_not_wedge_the_service(service):
     assert st["received"] == 5
     await put_all(addr, [traj("alive", "alive")])
     got = []
-    while (b := c.get_batch(1, 0, 0, timeout_s=0.5)) is not None:
+    while (b := c.get_batch(1, 0, timeout_s=0.5)) is not None:
         got += [t.uid for t in b.trajectories()]
     c.close()
     assert "alive" in got
 
 
-async def test_set_version_drops_stale_and_reports_age(service):
-    addr = service().address
+async def test_a_version_before_any_get_drops_the_stale_ones(service):
+    """The bound comes from construction, so the first VERSION already filters: no GET needed."""
+    addr = service(max_staleness=1).address
     await put_all(addr, [traj("a", "a", version=0), traj("b", "b", version=2)])
     c = BufferConsumer(addr)
-    c.set_version(2)
+    assert (c.stats()["dropped_stale"], c.stats()["max_staleness"]) == (0, 1)
+    c.set_version(2)  # threshold 2 - 1 = 1: "a" (v0) is stale
     st = c.stats()
-    assert (st["version"], st["age_versions_max"], st["age_versions_mean"]) == (2, 2, 1.0)
-    assert c.get_batch(1, 2, 1, timeout_s=5).groups[0].group_id == "b"  # eta=1 learned here; a dropped
+    assert (st["version"], st["dropped_stale"], st["size"], st["age_versions_max"]) == (2, 1, 1, 0)
+    assert c.get_batch(1, 2, timeout_s=5).groups[0].group_id == "b"
     await put_all(addr, [traj("c", "c", version=2)])
-    c.set_version(4)  # with eta=1 known, "c" (v2 < 3) is dropped at the version update
+    c.set_version(4)  # threshold 3: "c" (v2) is dropped at the version update
     st = c.stats()
     c.close()
     assert (st["dropped_stale"], st["size"]) == (2, 0)
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(st)) == st
+
+
+def test_the_bound_must_be_a_non_negative_integer(tmp_path):
+    for bad in (-1, None, 1.5, True):
+        with pytest.raises(BufferConfigError, match=f"max_staleness must be an integer >= 0, got {bad!r}"):
+            BufferService(BufferConfig(), tmp_path / "wal", bad)

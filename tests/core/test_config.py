@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from asyncrl.config import AlgorithmConfig, Config, ConfigError, from_dict, load_config
+from asyncrl.config import AlgorithmConfig, Config, ConfigError, TrainerConfig, from_dict, load_config
 
 
 def run_cli(*args):
@@ -22,10 +22,17 @@ def test_default_config_composes_and_validates():
 
 
 def test_override_selects_group_and_sets_value():
-    cfg = load_config(["agent=react", "algorithm.max_staleness=3", "trainer=sync"])
+    cfg = load_config(["agent=react", "algorithm.max_staleness=3"])
     assert cfg.agent.name == "react"
     assert cfg.algorithm.max_staleness == 3
-    assert cfg.trainer.mode == "sync"
+    assert cfg.trainer.mode == "async"
+
+
+def test_sync_mode_resolves_the_staleness_bound_to_zero_at_load():
+    cfg = load_config(["algorithm.max_staleness=3", "trainer=sync"])
+    assert (cfg.trainer.mode, cfg.algorithm.max_staleness) == ("sync", 0)
+    assert Config(trainer=TrainerConfig(mode="sync")).algorithm.max_staleness == 0  # built directly, too
+    assert Config().algorithm.max_staleness == AlgorithmConfig().max_staleness == 2
 
 
 def test_cfg_job_prints_react_agent():
