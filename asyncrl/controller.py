@@ -1,9 +1,10 @@
 """`asyncrl train`: wire buffer, engines, rollout workers and learner together, then watch versions.
 
 The controller does no heavy work. Per step: the learner's rank 0 takes a batch from the buffer,
-all ranks train on it, the new weights go to the engines, and the version moves to the buffer
-and the rollout workers (which admit new prompts by it). Between waits it checks that every
-rollout worker and engine is alive and restarts the ones that are not.
+all ranks train on it (the step's `StepResult` carries the learner's new version, the trained uids
+and the metrics), the new weights go to the engines, and then the version is published to the
+buffer and the rollout workers (which admit new prompts by it). Between waits the supervisor checks
+that every rollout worker and engine is alive and restarts the ones that are not.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import ray
 
 from asyncrl import registry
 from asyncrl.config import Config, to_dict
-from asyncrl.fleet import Fleet, latest_checkpoint, load_rows, prune_checkpoints
+from asyncrl.fleet import Fleet, load_rows
+from asyncrl.learner.checkpoint import checkpoints_root, latest_checkpoint, prune_checkpoints
 from asyncrl.metrics import MetricsLogger
 
 log = logging.getLogger("asyncrl")
@@ -44,13 +46,14 @@ def run(cfg: Config) -> int:
     fleet = Fleet(cfg, out, rows)
     try:
         with env.services(cfg.env) as tool_overrides:
-            fleet.start(tool_overrides, resume_from=latest_checkpoint(out) if cfg.trainer.resume == "auto" else None)
+            resume_from = latest_checkpoint(checkpoints_root(out)) if cfg.trainer.resume == "auto" else None
+            fleet.start(tool_overrides, resume_from=resume_from)
             train_loop(cfg, fleet, metrics, out)
         return 0
     except KeyboardInterrupt:
         log.warning("interrupted: shutting down%s", " after a checkpoint" if cfg.trainer.checkpoint_every else "")
         if cfg.trainer.checkpoint_every and fleet.step > fleet.last_checkpoint_step:
-            fleet.checkpoint(out / "checkpoints")
+            fleet.checkpoint(checkpoints_root(out))
         return 128 + stop_signal.get("signum", signal.SIGINT)
     finally:
         fleet.shutdown()
@@ -77,15 +80,16 @@ def _stop_on_signals() -> dict:
 
 
 def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path) -> None:
-    ckpt_dir = out / "checkpoints"
+    ckpt_dir = checkpoints_root(out)
     with open(out / "trained_uids.jsonl", "a") as uids_file:
         while fleet.step < cfg.trainer.total_steps:
             t0 = time.perf_counter()
             batch, waited = fleet.next_batch()  # restarts dead workers/engines while it waits
-            stats = fleet.train(batch)
-            uids_file.write(json.dumps({"step": fleet.step, "uids": stats.pop("_uids")}) + "\n")
+            result = fleet.train(batch)
+            uids_file.write(json.dumps({"step": fleet.step, "uids": result.trained_uids}) + "\n")
             uids_file.flush()
-            stats.update(fleet.sync_weights())
+            stats = {**result.metrics, **fleet.sync_weights()}
+            fleet.publish_version(result.version)  # after the sync: engines hold it before anyone admits by it
             stats.update(fleet.rollout_metrics(), **{"learner/idle_fraction": waited / (time.perf_counter() - t0),
                                                      "step_seconds": time.perf_counter() - t0,
                                                      "version": fleet.version})

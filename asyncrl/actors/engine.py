@@ -1,6 +1,8 @@
 """EngineActor: owns one inference server process (embedded or SGLang) on the node Ray placed it on.
 
 The server keeps a fixed port across restarts, so clients need no new address after a crash.
+The weight version is the server's own state (what weights it holds, reported in /model_info): the
+actor keeps no copy of it; whoever (re)starts the server says which version the weights it loads are.
 """
 
 from __future__ import annotations
@@ -15,15 +17,14 @@ from asyncrl.net import free_port
 
 @ray.remote
 class EngineActor:
-    def __init__(self, cfg: Config, model_dir: str, index: int, weight_version: int = 0,
-                 threads: Optional[int] = None):
+    def __init__(self, cfg: Config, model_dir: str, index: int, threads: Optional[int] = None):
         self.cfg, self.model_dir, self.index, self.threads = cfg, model_dir, index, threads
         self.port = free_port(cfg.engine.host)
-        self.version = weight_version
         self.proc = None
         self.restarts = 0
 
-    def start(self) -> str:
+    def start(self, weight_version: int = 0) -> str:
+        """Launch the server on `model_dir`, whose weights are policy version `weight_version`."""
         e = self.cfg.engine
         if e.type == "sglang":
             from asyncrl.engine.launcher import launch_sglang
@@ -34,7 +35,7 @@ class EngineActor:
 
             self.proc = launch_embedded(
                 self.model_dir, host=e.host, port=self.port, device=e.device or _default_device(),
-                dtype=_dtype(e.dtype), max_running_seqs=e.max_running_seqs, weight_version=self.version,
+                dtype=_dtype(e.dtype), max_running_seqs=e.max_running_seqs, weight_version=weight_version,
                 startup_timeout_s=e.launch_timeout_s, threads=self.threads,
                 extra_env={"OMP_NUM_THREADS": str(self.threads)} if self.threads else None,
             )
@@ -49,16 +50,13 @@ class EngineActor:
     def pid(self) -> int:
         return self.proc.pid
 
-    def restart(self, model_dir: Optional[str] = None, weight_version: Optional[int] = None) -> str:
-        """Start again on the same port, from `model_dir` (e.g. the latest export) if given."""
+    def restart(self, model_dir: str, weight_version: int) -> str:
+        """Start again on the same port from `model_dir` (the learner's export), holding `weight_version`."""
         if self.proc is not None:
             self.proc.stop()
-        if model_dir:
-            self.model_dir = model_dir
-        if weight_version is not None:
-            self.version = weight_version
+        self.model_dir = model_dir
         self.restarts += 1
-        return self.start()
+        return self.start(weight_version)
 
     def stop(self) -> None:
         if self.proc is not None:

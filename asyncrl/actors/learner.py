@@ -1,11 +1,16 @@
 """LearnerActor: one rank of the learner group; rank 0 also consumes the buffer and sends weights.
 
-The controller drives a step as: rank 0 `fetch_batch` (blocking on the buffer, with a timeout),
-every rank `train_step(batch)` on the same object (Ray passes it by reference, the driver never
-holds it), then every rank `sync_weights(version)` (the FSDP gather is collective; rank 0
-broadcasts to the engines). Checkpoints commit the trained batch ids to the buffer only after
-the checkpoint is durably written, and the ids go into the checkpoint itself, so a crash between
-the two is repaired on resume by committing them again.
+The controller drives a step (through `asyncrl.learner_group.LearnerGroup`) as: rank 0
+`fetch_batch` (blocking on the buffer, with a timeout), every rank `train_step(batch)` on the same
+object (Ray passes it by reference, the driver never holds it), then every rank `sync_weights()`
+(the FSDP gather is collective; rank 0 broadcasts to the engines).
+
+The policy version is the learner's own (`LearnerWorker.version`, advanced by each optimizer-updated
+step and restored from a checkpoint): this actor reads it where it needs it (the GET's current
+version, the weight version it sends, a batch's staleness) and hands it out in `StepResult`; it is
+told no version by anyone. Checkpoints commit the trained batch ids to the buffer only after the
+checkpoint is durably written, and the ids go into the checkpoint itself, so a crash between the two
+is repaired on resume by committing them again.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ import os
 import time
 from typing import Any, Optional
 
+import msgspec
 import ray
 
 from asyncrl.config import Config
+from asyncrl.job_state import JobState, StepResult
 
 log = logging.getLogger(__name__)
 
@@ -56,19 +63,22 @@ class LearnerActor:
 
     # ------------------------------------------------------------------ data
 
-    def fetch_batch(self, version: int, timeout_s: float) -> Any:
-        """Rank 0: the next batch of complete, fresh-enough groups, or None on timeout."""
-        return self.consumer.get_batch(self.cfg.trainer.batch_groups, version, timeout_s=timeout_s)
+    def fetch_batch(self, timeout_s: float) -> Any:
+        """Rank 0: the next batch of complete groups fresh enough for this learner's version, or None
+        on timeout (the staleness bound is the buffer's, set when it was built)."""
+        return self.consumer.get_batch(self.cfg.trainer.batch_groups, self.worker.version, timeout_s=timeout_s)
 
-    def train_step(self, batch: Any) -> dict[str, float]:
+    def train_step(self, batch: Any) -> StepResult:
+        """Train on `batch` (every rank); the result carries the new version, the batch's uids and metrics."""
         t0 = time.perf_counter()
-        metrics = dict(self.worker.train_step(batch))
+        trained_on = batch_metrics(batch, self.worker.version) if self.rank == 0 else {}  # staleness before the step
+        metrics = {**self.worker.train_step(batch), **trained_on}
         if self.rank == 0:
             self.uncommitted.append(batch.batch_id)
-            metrics.update(batch_metrics(batch, self.worker.version - 1))
             metrics["learner/step_seconds"] = time.perf_counter() - t0
-            metrics["_uids"] = trained_uids(batch)
-        return metrics
+        return StepResult(version=self.worker.version, batch_id=batch.batch_id,
+                          trained_uids=[t.uid for t in batch.trajectories()] if self.rank == 0 else [],
+                          metrics=metrics)
 
     # ------------------------------------------------------------------ weights
 
@@ -87,27 +97,32 @@ class LearnerActor:
         except Exception as e:  # an engine that died took its end of the group with it
             log.warning("closing the previous weight sender failed (%s: %s); continuing", type(e).__name__, e)
 
-    def sync_weights(self, version: int) -> dict[str, float]:
+    def sync_weights(self) -> dict[str, float]:
+        """Send this learner's weights, as its current version, to the engines (collective)."""
         t0 = time.perf_counter()
-        report = self.sender.sync_blocking(self.worker, version) if self.sender is not None else {}
+        report = self.sender.sync_blocking(self.worker, self.worker.version) if self.sender is not None else {}
         return {"sync/seconds": time.perf_counter() - t0, **(report or {})}
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save_checkpoint(self, path: str, extra: dict) -> list[int]:
-        """Write the checkpoint (all ranks), then commit the trained batches (rank 0). Returns them."""
+    def save_checkpoint(self, path: str, job: JobState) -> list[int]:
+        """Write the checkpoint (all ranks) with `job` and the batches trained since the last one, then
+        commit those batches (rank 0). Returns them."""
         ids = list(self.uncommitted)
-        self.worker.save_checkpoint(path, {**extra, "trained_batch_ids": ids})
+        job = msgspec.structs.replace(job, trained_batch_ids=ids)
+        self.worker.save_checkpoint(path, job.to_builtins())
         if self.rank == 0 and self.consumer is not None:
-            self.consumer.commit(ids, step=extra.get("step", self.worker.version))
+            self.consumer.commit(ids, step=job.step)
             self.uncommitted.clear()
         return ids
 
-    def load_checkpoint(self, path: str) -> dict:
-        extra = self.worker.load_checkpoint(path)
-        if self.rank == 0 and self.consumer is not None and extra.get("trained_batch_ids"):
-            self.consumer.commit(list(extra["trained_batch_ids"]), step=extra.get("step", 0))
-        return extra
+    def load_checkpoint(self, path: str) -> tuple[JobState, int]:
+        """Restore the checkpoint (all ranks); re-commit its batch ids (rank 0: idempotent, in case the
+        crash came between checkpoint and commit). Returns the job state and the restored version."""
+        job = JobState.from_builtins(self.worker.load_checkpoint(path))
+        if self.rank == 0 and self.consumer is not None and job.trained_batch_ids:
+            self.consumer.commit(job.trained_batch_ids, step=job.step)
+        return job, self.worker.version
 
     def version(self) -> int:
         return self.worker.version
@@ -117,7 +132,8 @@ class LearnerActor:
 
 
 def batch_metrics(batch: Any, version: int) -> dict[str, float]:
-    """Reward, staleness and size of a trained batch (computed where the batch already is)."""
+    """Reward, staleness and size of a batch about to be trained by policy `version` (computed where
+    the batch already is): a trajectory's staleness is `version` minus its oldest token's version."""
     trajs = batch.trajectories()
     rewards = [t.reward for t in trajs]
     stale = [version - t.min_version() for t in trajs]
@@ -137,7 +153,3 @@ def batch_metrics(batch: Any, version: int) -> dict[str, float]:
         "train/num_turns_mean": sum(t.num_turns for t in trajs) / max(len(trajs), 1),
         "train/batch_id": batch.batch_id,
     }
-
-
-def trained_uids(batch: Any) -> list[str]:
-    return [t.uid for t in batch.trajectories()]

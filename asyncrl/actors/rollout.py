@@ -8,15 +8,16 @@ from typing import Any
 import ray
 
 from asyncrl.config import Config
+from asyncrl.job_state import RolloutPosition, RolloutState
 
 
 @ray.remote
 class RolloutActor:
     def __init__(self, cfg: Config, worker_id: int, num_workers: int, engine_urls: list[str],
                  buffer_address: str, output_dir: str, tool_overrides: dict, rows: list[dict[str, Any]],
-                 resume_state: dict | None = None, version: int = 0):
+                 position: RolloutPosition, version: int):
         self.args = (cfg, worker_id, num_workers, engine_urls, buffer_address, output_dir, tool_overrides, rows)
-        self.resume_state, self.version = resume_state or {}, version
+        self.position, self.version = position, version
         self.worker = None
         self.task: asyncio.Task | None = None
 
@@ -28,25 +29,23 @@ class RolloutActor:
 
         cfg, worker_id, num_workers, urls, address, output_dir, overrides, rows = self.args
         registry.load_all(cfg.plugins)
-        st = self.resume_state
         client = EngineClient(urls, timeout_s=cfg.engine.request_timeout_s, max_retries=cfg.engine.max_retries)
         self.worker = RolloutWorker(
             cfg, worker_id=worker_id, num_workers=num_workers, rows=rows, engine=client,
             tokenizer=load_tokenizer(cfg.model), buffer_address=address, output_dir=output_dir,
-            tool_overrides=overrides, start_position=st.get("next_position"),
-            started_groups=st.get("started_groups", 0), version=self.version,
+            tool_overrides=overrides, position=self.position, version=self.version,
         )
-        self.task = asyncio.create_task(self.worker.run(reissue=st.get("inflight_positions")))
+        self.task = asyncio.create_task(self.worker.run(reissue=self.position.inflight_positions))
 
     async def set_version(self, version: int) -> None:
         await self.worker.set_version(version)
 
-    async def state(self) -> dict:
+    async def state(self) -> RolloutState:
         if self.task is not None and self.task.done() and self.task.exception() is not None:
             raise self.task.exception()
         return self.worker.state()
 
-    async def stop(self) -> dict:
+    async def stop(self) -> RolloutState:
         self.worker.stop()
         if self.task is not None:
             await asyncio.wait_for(self.task, timeout=30)

@@ -10,6 +10,10 @@ Layout of a checkpoint directory:
 Atomicity: every rank writes into `<path>.tmp`; after a barrier rank 0 writes COMPLETE, fsyncs, and
 renames the directory to `<path>` (a previous `<path>` is first moved to `<path>.old` and deleted after).
 A crash at any point leaves either no `<path>`, or a complete one: never a half-written one that loads.
+
+Naming (the one place it is spelled): a run's checkpoints live under `<output_dir>/checkpoints/`, one
+directory `step_NNNNNN` per checkpoint (`step_dir`); `latest_checkpoint` finds the newest and
+`prune_checkpoints` keeps the newest `keep`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -31,6 +36,37 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 MARKER = "COMPLETE"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def checkpoints_root(output_dir: str | os.PathLike) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def step_dir(root: str | os.PathLike, step: int) -> Path:
+    if step < 0:
+        raise ValueError(f"checkpoint step must be >= 0, got {step}")
+    return Path(root) / f"step_{step:06d}"
+
+
+def _step_dirs(root: str | os.PathLike) -> list[tuple[int, Path]]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir())
+
+
+def latest_checkpoint(root: str | os.PathLike) -> Path | None:
+    """The newest `step_NNNNNN` directory under `root` (the highest step), or None."""
+    found = _step_dirs(root)
+    return found[-1][1] if found else None
+
+
+def prune_checkpoints(root: str | os.PathLike, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints under `root` (keep <= 0: delete none)."""
+    found = _step_dirs(root)
+    for _, p in found[:-keep] if keep > 0 else []:
+        shutil.rmtree(p, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -127,10 +163,6 @@ def check_complete(path: str | os.PathLike) -> Path:
         raise CheckpointError(f"checkpoint {p} is incomplete (no {MARKER} marker): a save did not finish; "
                               f"use an earlier checkpoint")
     return p
-
-
-def read_meta(path: str | os.PathLike) -> dict[str, Any]:
-    return torch.load(check_complete(path) / "meta.pt", weights_only=False)
 
 
 def read_config(path: str | os.PathLike) -> dict:

@@ -26,6 +26,7 @@ from typing import Any, Optional
 from asyncrl.config import Config
 from asyncrl.engine.base import GenerateResult, Generator, SamplingParams
 from asyncrl.env_api import Sample
+from asyncrl.job_state import RolloutPosition, RolloutState
 from asyncrl.rollout.admission import StalenessGate
 from asyncrl.rollout.prompts import PromptDraw, PromptSource
 from asyncrl.schema import Trajectory
@@ -64,17 +65,19 @@ class RolloutWorker:
 
     def __init__(self, cfg: Config, *, worker_id: int, num_workers: int, rows: list[dict[str, Any]],
                  engine: Generator, tokenizer: Any, buffer_address: str, output_dir: str | Path,
-                 tool_overrides: dict | None = None, start_position: int | None = None,
-                 started_groups: int = 0, version: int = 0):
+                 tool_overrides: dict | None = None, position: RolloutPosition | None = None,
+                 version: int = 0):
         from asyncrl.agent_loop.base import AgentContext
         from asyncrl.buffer.client import AsyncBufferProducer
         from asyncrl.env_api import resolve_reward_fn
         from asyncrl.tooling.loader import load_tool_specs
 
         self.cfg, self.worker_id = cfg, worker_id
-        self.gate = StalenessGate(cfg.algorithm.max_staleness, cfg.trainer.batch_groups, num_workers, version=version, started=started_groups)
+        position = position or RolloutPosition()
+        self.gate = StalenessGate(cfg.algorithm.max_staleness, cfg.trainer.batch_groups, num_workers, version=version,
+                                  started=position.started_groups)
         self.source = PromptSource(rows, seed=cfg.seed, shard=worker_id, num_shards=num_workers,
-                                   start_position=start_position)
+                                   start_position=position.next_position)
         self.engine = BoundedGenerator(engine, cfg.trainer.max_inflight_generations)
         self.ctx = AgentContext(
             engine=self.engine, tokenizer=tokenizer, cfg=cfg.agent,
@@ -96,13 +99,13 @@ class RolloutWorker:
     async def set_version(self, version: int) -> None:
         await self.gate.set_version(version)
 
-    def state(self) -> dict[str, Any]:
-        """Resume point: every position below `low_watermark` is finished (acked by the buffer)."""
-        low = min([*self.inflight, self.source.next_position])
-        return {"worker_id": self.worker_id, "low_watermark": low, "next_position": self.source.next_position,
-                "started_groups": self.gate.started, "inflight_positions": sorted(self.inflight),
-                "engine_in_flight": self.engine.in_flight, "engine_tokens_out": self.engine.tokens_out,
-                **self.counts}
+    def state(self) -> RolloutState:
+        """The position a restarted worker resumes from (next draw, groups started, groups in flight to
+        re-issue), and the counters the controller rolls up into metrics."""
+        pos = RolloutPosition(next_position=self.source.next_position, started_groups=self.gate.started,
+                              inflight_positions=sorted(self.inflight))
+        return RolloutState(worker_id=self.worker_id, position=pos, engine_in_flight=self.engine.in_flight,
+                            engine_tokens_out=self.engine.tokens_out, **self.counts)
 
     def stop(self) -> None:
         self._stop.set()

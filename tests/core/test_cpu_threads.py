@@ -2,7 +2,7 @@
 
 import pytest
 
-from asyncrl.fleet import cpu_threads
+from asyncrl.cpus import available_cpus, cpu_threads
 
 
 @pytest.mark.parametrize("mode,cpus,engines,ranks,want", [
@@ -15,3 +15,17 @@ from asyncrl.fleet import cpu_threads
 ])
 def test_cpu_threads(mode, cpus, engines, ranks, want):
     assert cpu_threads(mode, cpus, engines, ranks) == want
+
+
+@pytest.mark.parametrize("args,match", [
+    (("fast", 2, 1, 1), "mode must be 'async' or 'sync', got 'fast'"),
+    (("async", 0, 1, 1), "got 0, 1, 1"),
+    (("sync", 2, 0, 1), "got 2, 0, 1"),
+])
+def test_cpu_threads_rejects_nonsense(args, match):
+    with pytest.raises(ValueError, match=match):
+        cpu_threads(*args)
+
+
+def test_available_cpus_is_positive():
+    assert available_cpus() >= 1

@@ -1,0 +1,59 @@
+"""Typed state that crosses processes between the controller, the learner and the rollout workers.
+
+msgspec Structs, so a field that is missing or of the wrong type fails where it is decoded, naming
+the field, instead of travelling on as an untyped dict:
+
+- `RolloutPosition`: where one rollout worker is in its prompt shard; what a restarted worker (after
+  a crash, or on resume) starts from.
+- `RolloutState`: what a rollout worker reports at each health check: its position and its counters.
+- `JobState`: the controller's part of a checkpoint (the learner adds its own: weights, optimizer and
+  the policy version, which it owns). Written by `LearnerGroup.save_checkpoint`, read back on resume.
+- `StepResult`: what one training step returns (rank 0): the learner's new policy version (the only
+  source of the version for everyone else), the batch it trained and the uids in it, the metrics.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class RolloutPosition(msgspec.Struct, frozen=True, kw_only=True):
+    next_position: int | None = None  # the next prompt position to draw; None: the shard's first
+    started_groups: int = 0  # groups started so far (the admission gate's count)
+    inflight_positions: list[int] = []  # started, not all acked by the buffer: re-issued on restart
+
+
+class RolloutState(msgspec.Struct, frozen=True, kw_only=True):
+    worker_id: int
+    position: RolloutPosition
+    episodes: int = 0
+    episode_errors: int = 0
+    episodes_failed: int = 0
+    groups_started: int = 0
+    groups_done: int = 0
+    reward_sum: float = 0.0
+    engine_in_flight: int = 0
+    engine_tokens_out: int = 0
+
+
+class JobState(msgspec.Struct, frozen=True, kw_only=True):
+    step: int  # training steps taken (the checkpoint's name)
+    rollout: list[RolloutPosition]  # one per rollout worker, by worker id
+    trained_batch_ids: list[int] = []  # batches trained since the previous checkpoint: committed with this one
+
+    def to_builtins(self) -> dict:
+        return msgspec.to_builtins(self)
+
+    @classmethod
+    def from_builtins(cls, data: object) -> JobState:
+        try:
+            return msgspec.convert(data, cls)
+        except msgspec.ValidationError as e:
+            raise ValueError(f"checkpoint job state is not a JobState: {e}") from e
+
+
+class StepResult(msgspec.Struct, frozen=True, kw_only=True):
+    version: int  # the learner's policy version after this step
+    batch_id: int
+    trained_uids: list[str]
+    metrics: dict[str, float]

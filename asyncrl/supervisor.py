@@ -1,0 +1,126 @@
+"""Supervisor: health checks and the restart policy for rollout workers and engines.
+
+The controller calls `check(version)` between waits (while it waits for a batch, when a version
+publish fails, before a checkpoint, when it rolls up metrics). `version` is the published policy
+version (what the buffer filters by and the workers admit by). Each supervised part is a slot in a
+small state machine; one `check` moves every slot through at most one cycle:
+
+Rollout worker r:
+  RUNNING --state() answers in HEALTH_TIMEOUT_S--> RUNNING   its RolloutState (position, counters) recorded
+  RUNNING --state() raises or times out----------> DEAD      the actor is killed
+  DEAD    --same check---------------------------> RUNNING   a new actor at the last recorded position and
+                                                             `version`; it re-issues the groups it had in flight
+Engine i (only engines this job launched; attached ones, `engine.urls`, are not supervised):
+  UP   --alive() answers true--------------------> UP
+  UP   --alive() false, raises or times out------> DOWN
+  DOWN --same check, all DOWN engines together---> UP        relaunched on its port from the learner's current
+                                                             weights, told the learner's version; then the
+                                                             learner group re-joins every engine (new sync group)
+
+Rules:
+- a restarted worker resumes from the last position it reported, never from scratch: prompts it had
+  finished stay finished, and groups in flight are re-issued (the buffer stores a uid once);
+- a restarted engine gets the weights the learner holds at that moment (exported for the purpose;
+  the base model while the version is 0) and the version read from the learner, its owner, in the
+  same breath: relaunching from the base weights and syncing later would let waiting episodes
+  generate version-0 tokens the buffer then drops as stale;
+- every restart is counted (`faults/worker_restarts`, `faults/engine_restarts`).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from asyncrl.job_state import RolloutPosition, RolloutState
+from asyncrl.learner_group import LearnerGroup
+
+log = logging.getLogger("asyncrl")
+
+
+class WorkerStatus(enum.Enum):
+    RUNNING = "running"
+    DEAD = "dead"
+
+
+class EngineStatus(enum.Enum):
+    UP = "up"
+    DOWN = "down"
+
+
+SpawnWorker = Callable[[int, RolloutPosition, int], Any]  # (worker id, position, version) -> started actor
+
+
+class Supervisor:
+    HEALTH_TIMEOUT_S = 30.0
+
+    def __init__(self, *, engines: list[Any], engine_urls: list[str], learners: LearnerGroup, base_weights: str,
+                 restart_weights: Path, spawn_worker: SpawnWorker):
+        self.engines, self.engine_urls, self.learners = engines, engine_urls, learners
+        self.base_weights, self.restart_weights, self.spawn_worker = base_weights, restart_weights, spawn_worker
+        self.engine_status = [EngineStatus.UP] * len(engines)
+        self.workers: list[Any] = []
+        self.worker_status: list[WorkerStatus] = []
+        self.positions: list[RolloutPosition] = []
+        self.states: list[RolloutState | None] = []  # the last report of each worker (None: none yet)
+        self.faults = {"faults/worker_restarts": 0, "faults/engine_restarts": 0}
+
+    def start_workers(self, positions: list[RolloutPosition], version: int) -> None:
+        self.positions, self.states = list(positions), [None] * len(positions)
+        self.workers = [self.spawn_worker(r, p, version) for r, p in enumerate(self.positions)]
+        self.worker_status = [WorkerStatus.RUNNING] * len(self.workers)
+
+    def check(self, version: int) -> None:
+        self.check_workers(version)
+        self.check_engines()
+
+    # ------------------------------------------------------------------ rollout workers
+
+    def check_workers(self, version: int) -> None:
+        for r, w in enumerate(self.workers):
+            try:
+                st = ray.get(w.state.remote(), timeout=self.HEALTH_TIMEOUT_S)
+            except Exception as e:  # RayActorError, GetTimeoutError, or the worker's own crash
+                self.worker_status[r] = WorkerStatus.DEAD
+                log.warning("rollout worker %d is gone (%r): restarting it, re-issuing %d in-flight prompts",
+                            r, e, len(self.positions[r].inflight_positions))
+                _quietly(lambda: ray.kill(w))
+            else:
+                self.states[r], self.positions[r] = st, st.position
+                continue
+            self.faults["faults/worker_restarts"] += 1
+            self.workers[r] = self.spawn_worker(r, self.positions[r], version)
+            self.worker_status[r] = WorkerStatus.RUNNING
+
+    # ------------------------------------------------------------------ engines
+
+    def check_engines(self) -> None:
+        for i, e in enumerate(self.engines):
+            up = _quietly(lambda: ray.get(e.alive.remote(), timeout=self.HEALTH_TIMEOUT_S))
+            self.engine_status[i] = EngineStatus.UP if up else EngineStatus.DOWN
+        down = [i for i, s in enumerate(self.engine_status) if s is EngineStatus.DOWN]
+        if not down:
+            return
+        version = self.learners.version()
+        weights = self.base_weights
+        if version > 0:
+            weights = str(self.restart_weights)
+            self.learners.export(weights)
+        for i in down:
+            log.warning("engine %d is down: restarting it on its port with the weights of version %d", i, version)
+            self.faults["faults/engine_restarts"] += 1
+            self.engine_urls[i] = ray.get(self.engines[i].restart.remote(weights, version))
+            self.engine_status[i] = EngineStatus.UP
+        self.learners.connect_engines(self.engine_urls)
+
+
+def _quietly(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception:
+        return None
