@@ -60,6 +60,15 @@ async def test_round_trip_token_by_token(service):
         assert encode(r) == encode(t)
 
 
+async def _until(pred, timeout_s: float = 30.0) -> None:
+    """Wait for an event (a counter the code under test moves), not for a guessed duration."""
+    async def poll():
+        while not pred():
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(poll(), timeout_s)
+
+
 async def test_retried_send_is_stored_once(service):
     svc = service()
     body = encode(traj("same", "g", group_size=2))
@@ -83,7 +92,7 @@ async def test_unacked_put_is_resent_until_the_buffer_appears(service, tmp_path)
     port = free_port()
     p = AsyncBufferProducer(f"tcp://127.0.0.1:{port}", timeout_s=0.3, retries=50)
     task = asyncio.ensure_future(p.put(traj("late-ack", "g")))
-    await asyncio.sleep(0.8)
+    await _until(lambda: p.resends >= 1)  # it gave up on a send and sent again: not acked yet
     assert not task.done()
     svc = service(port=port)
     await asyncio.wait_for(task, 10)
@@ -137,11 +146,13 @@ async def test_group_waits_for_all_members_or_failure_reports(service):
 
 
 async def test_get_batch_blocks_until_groups_complete(service):
-    addr = service().address
+    svc = service()
+    addr = svc.address
     c = BufferConsumer(addr)
     loop = asyncio.get_running_loop()
     fut = loop.run_in_executor(None, lambda: c.get_batch(2, 0, timeout_s=10))
-    await asyncio.sleep(0.3)
+    await _until(lambda: svc.counts["requests"] >= 1)  # the GET arrived (and is parked) before any PUT
+    assert not fut.done()
     await put_all(addr, [traj("x", "X"), traj("y", "Y")])
     b = await asyncio.wait_for(fut, 10)
     c.close()
@@ -164,8 +175,8 @@ async def test_back_pressure_producer_waits_then_succeeds(service):
     await p.put(traj("b0", "b0"))
     await p.put(traj("b1", "b1"))
     third = asyncio.ensure_future(p.put(traj("b2", "b2")))
-    await asyncio.sleep(0.6)
-    assert not third.done() and p.busy_waits >= 1  # told to wait, waiting
+    await _until(lambda: p.busy_waits >= 1)
+    assert not third.done()  # told to wait, waiting
     c = BufferConsumer(addr)
     first = c.get_batch(1, 0, timeout_s=5)
     await asyncio.wait_for(third, 10)
@@ -179,12 +190,13 @@ async def test_back_pressure_producer_waits_then_succeeds(service):
 
 async def test_capacity_in_bytes_admits_members_of_started_groups(service):
     one = len(encode(traj("z0", "Z", group_size=2)))
-    addr = service(capacity_bytes=one + 10).address
+    svc = service(capacity_bytes=one + 10)
+    addr = svc.address
     p = AsyncBufferProducer(addr)
     await p.put(traj("z0", "Z", group_size=2))
     await asyncio.wait_for(p.put(traj("z1", "Z", group_size=2)), 5)  # completes a group: admitted
     other = asyncio.ensure_future(p.put(traj("w0", "W")))
-    await asyncio.sleep(0.4)
+    await _until(lambda: svc.counts["busy_replies"] >= 1)  # a new group while full: refused for now
     assert not other.done()
     c = BufferConsumer(addr)
     assert c.get_batch(1, 0, timeout_s=5).groups[0].group_id == "Z"

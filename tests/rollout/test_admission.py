@@ -22,7 +22,8 @@ async def test_gate_blocks_until_version_advances():
     for _ in range(4):  # (0 + 1 + 1) * 2
         await asyncio.wait_for(gate.acquire(), 1)
     blocked = asyncio.create_task(gate.acquire())
-    await asyncio.sleep(0.05)
+    for _ in range(10):  # let the loop run the task until it parks on the gate (no clock involved)
+        await asyncio.sleep(0)
     assert not blocked.done() and gate.started == 4
     await gate.set_version(1)
     await asyncio.wait_for(blocked, 1)
