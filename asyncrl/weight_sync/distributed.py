@@ -8,8 +8,8 @@ engine while this process hosts the rendezvous (group.py builds it the way SGLan
 Per bucket: POST /update_weights_from_distributed to every engine (not awaited) -> broadcast the
 bucket's tensors in `names` order (one broadcast per tensor, SGLang's format; one flat buffer per
 dtype when every engine advertises `coalesce` in GET /weight_sync_info, see bucketing.py) -> await
-the replies. An engine that answers success=false after the broadcast completed received the bucket
-and refused to load it: WeightMismatchError. An engine that fails before (dead, or no session, or
+the replies. An engine that answers success=false and whose broadcast completed (our side ends
+within a grace period of its answer) received the bucket and refused to load it: WeightMismatchError. An engine that fails before (dead, or no session, or
 no group: it will never join the broadcast) or a broadcast that fails breaks the group for all: the
 sync is abandoned, the group retired (destroyed once its in-flight collective returns), and the next
 sync builds a new one under a new name and port with the engines that answer.
@@ -167,17 +167,29 @@ class GroupTransport(Transport):
         self._inflight = asyncio.ensure_future(asyncio.to_thread(self._broadcast, self.pg, bucket))
         self._inflight.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if abandoned
         pending = set(posts.values()) | {self._inflight}
-        while self._inflight in pending:  # an answer before the broadcast ends: that engine never joins it
+        while self._inflight in pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             early = {u: p.result() for u, p in posts.items() if p in done and p.result() is not None}
-            if early:
-                return early
+            if early and not await self._broadcast_ends(http.probe_timeout_s):
+                return early  # failed before the broadcast, which then never ends: it never joined
         if self._inflight.exception() is not None:  # e.g. gloo: "Connection closed by peer"
             raise SyncAbandoned({}, f"broadcast failed: {self._inflight.exception()}")
         report.collectives += self._inflight.result()
         errs = {u: err for u, err in zip(posts, await asyncio.gather(*posts.values())) if err is not None}
         # the bytes arrived: a refusal now is about the tensors
         return {u: WeightMismatchError(e.message, u, e.status) if e.code == "refused" else e for u, e in errs.items()}
+
+    async def _broadcast_ends(self, grace_s: float) -> bool:
+        """Whether our side of the bucket's broadcast ends within `grace_s`. A failure answer can
+        overtake the end of our side even when the engine received every byte (then it refused
+        the tensors); an engine that failed before joining leaves our side waiting."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self._inflight), grace_s)
+        except asyncio.TimeoutError:
+            return False
+        except Exception:  # noqa: BLE001 - the broadcast itself failed: handled by the caller
+            return True
+        return True
 
     def _broadcast(self, pg: Any, bucket: Bucket) -> int:
         """Rank 0's side of one bucket (blocking, in a worker thread). Returns the collective count."""
