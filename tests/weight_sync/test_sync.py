@@ -167,7 +167,7 @@ async def test_sglang_wire_format_without_extensions_gives_the_same_weights(shar
     (("model.norm.weight", torch.zeros(3)), "weight 'model.norm.weight': sender shape [3] != engine shape [64]"),
     (("model.not_a_layer.weight", torch.zeros(64)), "weight 'model.not_a_layer.weight' is not a tensor"),
     (("model.norm.weight", torch.zeros(64, dtype=torch.float16)), "weight 'model.norm.weight': sender dtype float16"),
-])
+], ids=["shape", "name", "dtype"])
 async def test_refused_bucket_raises_ends_the_session_and_keeps_the_group(shared, learner, outputs, bad, needle):
     urls = [e.url for e in shared]
     sender = gloo()
@@ -218,7 +218,7 @@ async def test_updates_outside_a_session_are_refused_with_400(fresh):
     {"dtypes": [], "shapes": []},
     [1, 2],
     "{not json",
-])
+], ids=["int-version", "foreign-version", "lengths", "dtype", "flush-type", "no-names", "array", "bad-json"])
 def test_malformed_update_requests_are_400_without_success_and_harmless(untouched, body):
     eng = untouched
     kw = {"content": body} if isinstance(body, str) else {"json": body}
