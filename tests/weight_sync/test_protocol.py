@@ -139,3 +139,55 @@ def test_the_one_factory_rejects_an_unknown_transport():
     with pytest.raises(WeightSyncError, match="transport='carrier-pigeon'") as err:
         make_sender(WeightSyncConfig(transport="carrier-pigeon"), rank=0, engine_urls=["http://127.0.0.1:1"])  # type: ignore[arg-type]
     assert err.value.code == "config"
+
+
+async def test_every_tp_rank_joins_the_group_and_a_paused_engine_is_not_blamed(tmp_path):
+    """Two SGLang-shaped servers with tp_size 2 and 3, whose /health answers 503 (paused SGLang):
+    the probe is /model_info, world_size counts every TP rank and rank_offsets follow them. The
+    servers refuse to join, so the group is not built and both are left out (reported, not raised)."""
+    from asyncrl.weight_sync.distributed import GroupTransport
+
+    bodies: list[dict] = []
+
+    def server_with(tp: int):
+        class H(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(n) or b"{}")
+                status, reply = {
+                    "/health": (503, ""), "/model_info": (200, {"weight_version": "0"}),
+                    "/server_info": (200, {"tp_size": tp}),
+                    "/init_weights_update_group": (400, {"success": False, "message": "not today"}),
+                }.get(self.path, (404, {"detail": "Not Found"}))
+                if self.path == "/init_weights_update_group":
+                    bodies.append(body)
+                raw = json.dumps(reply).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args) -> None:
+                pass
+
+        s = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+        return s
+
+    servers = [server_with(2), server_with(3)]
+    urls = [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
+    sender = WeightSender(GroupTransport("gloo", timeout_s=2), timeout_s=2)
+    try:
+        live, dead = await sender.probe(urls)
+        assert live == urls and dead == {}
+        left_out = await sender.connect(urls)
+    finally:
+        await sender.close()
+        for s in servers:
+            s.shutdown()
+            s.server_close()
+    assert set(left_out) == set(urls) and all(e.code == "refused" for e in left_out.values())
+    assert sorted((b["rank_offset"], b["world_size"]) for b in bodies) == [(1, 6), (3, 6)]
+    assert all(b["backend"] == "gloo" and "timeout_s" not in b for b in bodies)  # no extension for SGLang
