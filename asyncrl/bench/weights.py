@@ -1,5 +1,5 @@
 """Weight sync of the default model (SmolLM2-135M, fp32) from the real learner to embedded engines
-over gloo: seconds per full sync (pause, buckets, version, continue) against the ceiling measured in
+over gloo: seconds per full sync (probe, pause, begin, buckets, end, continue) against the ceiling measured in
 the same run and the same group: one flat broadcast of the same number of bytes, nothing else.
 ratio = ceiling_s / sync_s (1.0 = the sync costs no more than moving the bytes once)."""
 
@@ -22,17 +22,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _measure(args: argparse.Namespace, worker, urls: list[str]) -> dict:
-    from asyncrl.weight_sync.distributed import DistributedSender
+    from asyncrl.weight_sync import WeightSender
+    from asyncrl.weight_sync.distributed import GroupTransport
 
-    sender = DistributedSender("gloo", timeout_s=300, mode=args.mode, coalesce=not args.no_coalesce)
-    await sender.connect(urls)
+    transport = GroupTransport("gloo", timeout_s=300, coalesce=not args.no_coalesce)
+    sender = WeightSender(transport, timeout_s=300, mode=args.mode)
+    left_out = await sender.connect(urls)
+    if left_out:
+        raise RuntimeError(f"engines left out of the group: {left_out}")
     bucket_bytes = args.bucket_mb << 20
     total = sum(p.numel() for p in worker.model.parameters())
     sync_s, ceil_s, reports = [], [], []
     try:
-        await sender.broadcast_flat(1 << 20)  # warm the group's connections
+        await transport.broadcast_flat(sender.http, 1 << 20)  # warm the group's connections
         for i in range(args.syncs):
-            ceil_s.append(await sender.broadcast_flat(total))
+            ceil_s.append(await transport.broadcast_flat(sender.http, total))
             t0 = time.perf_counter()
             rep = await sender.sync(worker.iter_full_params(bucket_bytes), version=i + 1)
             sync_s.append(time.perf_counter() - t0)

@@ -1,9 +1,10 @@
 """The embedded engine's HTTP server: FastAPI over an `EngineCore`, speaking SGLang's API subset.
 
 Endpoints: POST /generate, /abort_request {rid | abort_all}, /pause_generation {mode: abort|in_place},
-/continue_generation, /update_weights_from_disk {model_path, weight_version?};
+/continue_generation;
 GET /get_weight_version, /health, /health_generate, /get_model_info, /stats (asyncrl: queue sizes).
-The weight-sync router (asyncrl.weight_sync.routes.make_router(core)) is mounted when installed.
+The weight-sync router (asyncrl.weight_sync.routes.make_router(core): the weight-update routes,
+/update_weights_from_disk included) is mounted when installed.
 Every bad request gets a 400 with {"error": message}; the server keeps serving.
 """
 
@@ -42,20 +43,6 @@ async def _json(request: Request, required: bool = True) -> dict:
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
     return body
-
-
-def load_safetensors_dir(model_path: str) -> list[tuple[str, Any]]:
-    """All tensors of the *.safetensors files in a HF checkpoint directory (or one file)."""
-    from safetensors.torch import load_file
-
-    p = Path(model_path)
-    files = [p] if p.is_file() else sorted(p.glob("*.safetensors"))
-    if not files:
-        raise BadRequest(f"model_path={model_path!r}: no *.safetensors files there")
-    out: list[tuple[str, Any]] = []
-    for f in files:
-        out.extend(load_file(str(f)).items())
-    return out
 
 
 def create_app(core: EngineCore, model_path: str = "", on_ready: Any | None = None) -> FastAPI:
@@ -120,26 +107,6 @@ def create_app(core: EngineCore, model_path: str = "", on_ready: Any | None = No
     @app.get("/stats")
     async def stats():
         return core.stats()
-
-    @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(request: Request):
-        body = await _json(request)
-        path = body.get("model_path")
-        if not isinstance(path, str) or not path:
-            raise BadRequest(f"update_weights_from_disk needs model_path, got {path!r}")
-        version = body.get("weight_version")
-        if version is not None:
-            try:
-                version = int(version)
-            except (TypeError, ValueError):
-                raise BadRequest(f"weight_version must be an integer, got {version!r}") from None
-        tensors = load_safetensors_dir(path)
-        try:
-            await core.apply_weights(tensors, version)
-        except ValueError as e:
-            raise BadRequest(f"{path}: {e}") from None
-        return {"success": True, "message": f"loaded {len(tensors)} tensors from {path}",
-                "weight_version": core.weight_version}
 
     try:
         from asyncrl.weight_sync.routes import make_router

@@ -47,6 +47,7 @@ from asyncrl.learner.packing import (
     scatter_rows,
 )
 from asyncrl.models import default_device, load_model, load_tokenizer
+from asyncrl.weight_sync.bucketing import iter_buckets
 
 
 def lr_lambda(warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float):
@@ -345,22 +346,13 @@ class LearnerWorker:
         """Collective. Full (unsharded) parameters in named_parameters() order, in buckets of at most
         `bucket_bytes` (a single tensor larger than that is yielded alone). Tied weights appear once, under
         the name named_parameters() gives them. Only rank 0's tensors are meant to be used."""
-        if bucket_bytes < 1:
-            raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
+        return iter_buckets(self._full_named_params(), bucket_bytes)
+
+    def _full_named_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Collective: each parameter gathered to its full tensor (FSDP2 DTensor) as the walk reaches it."""
         for name, p in self.model.named_parameters():
             t = p.detach()
-            if hasattr(t, "full_tensor"):
-                t = t.full_tensor()
-            nbytes = t.numel() * t.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, t))
-            size += nbytes
-        if bucket:
-            yield bucket
+            yield name, (t.full_tensor() if hasattr(t, "full_tensor") else t)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective. The model's full state dict on CPU (rank 0 holds it; others get an empty dict)."""

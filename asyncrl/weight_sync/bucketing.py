@@ -96,9 +96,14 @@ def nbytes(t: torch.Tensor) -> int:
 
 def iter_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Group a stream of named tensors into buckets of at most `bucket_bytes` (one oversized tensor
-    forms a bucket by itself). Order is preserved; no tensor is copied."""
+    forms a bucket by itself). Order is preserved; no tensor is copied; `named` is read lazily.
+    A bad `bucket_bytes` raises here, not at the first bucket."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    return _buckets(named, bucket_bytes)
+
+
+def _buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, t in named:

@@ -1,16 +1,18 @@
-"""gloo / nccl sender: rank 0 of a dedicated update group, broadcasting bucket by bucket.
+"""gloo / nccl transport: rank 0 of a dedicated update group, broadcasting bucket by bucket.
+
+Group: GET /server_info gives each engine's tp_size; every TP rank of an engine joins (SGLang's
+rank is rank_offset + tp_rank), so world_size = 1 + sum(tp_size) and engine k gets
+rank_offset = 1 + sum(tp_size of the engines before it). POST /init_weights_update_group to every
+engine while this process hosts the rendezvous (group.py builds it the way SGLang does).
 
 Per bucket: POST /update_weights_from_distributed to every engine (not awaited) -> broadcast the
-bucket's tensors in `names` order (coalesced per dtype when every engine advertises it, see
-bucketing.py; one broadcast per tensor for a real SGLang) -> await the replies. After the last
-bucket, one more request with empty `names` carries `weight_version`, so an engine never reports
-the new version while holding half of the new weights.
-
-Failure handling: the group's collectives time out after `timeout_s` (gloo/nccl option), and the
-whole sync is bounded by the same timeout. A sync that fails on an engine (dead, hung, refusing)
-is abandoned: the group is retired (destroyed once its in-flight collective returns) and the next
-sync probes /health, leaves out the engines that do not answer and builds a new group under a new
-name and port. The engines that did answer keep serving; their next sync brings them up to date.
+bucket's tensors in `names` order (one broadcast per tensor, SGLang's format; one flat buffer per
+dtype when every engine advertises `coalesce` in GET /weight_sync_info, see bucketing.py) -> await
+the replies. An engine that answers success=false and whose broadcast completed (our side ends
+within a grace period of its answer) received the bucket and refused to load it: WeightMismatchError. An engine that fails before (dead, or no session, or
+no group: it will never join the broadcast) or a broadcast that fails breaks the group for all: the
+sync is abandoned, the group retired (destroyed once its in-flight collective returns), and the next
+sync builds a new one under a new name and port with the engines that answer.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import asyncio
 import logging
 import socket
 import uuid
-from collections.abc import Iterable
 from ipaddress import ip_address
 from typing import Any
 from urllib.parse import urlparse
@@ -28,19 +29,11 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.net import free_port
-from asyncrl.weight_sync.base import (
-    Bucket,
-    EngineHTTP,
-    Stopwatch,
-    SyncReport,
-    WeightMismatchError,
-    WeightSender,
-    WeightSyncError,
-    drain,
-    names_a_tensor,
-)
-from asyncrl.weight_sync.bucketing import dtype_name, flat_groups, metas_of, nbytes, pack
+from asyncrl.weight_sync.bucketing import dtype_name, flat_groups, metas_of, pack
+from asyncrl.weight_sync.engine_http import EngineHTTP
+from asyncrl.weight_sync.errors import WeightMismatchError, WeightSyncError
 from asyncrl.weight_sync.group import destroy_group, init_custom_process_group
+from asyncrl.weight_sync.sender import Bucket, SyncAbandoned, SyncReport, Transport
 
 log = logging.getLogger(__name__)
 
@@ -56,29 +49,35 @@ def master_address_for(urls: list[str]) -> str:
     return socket.gethostbyname(socket.gethostname())
 
 
-class _Abandon(Exception):
-    """This sync cannot finish: {url: why}."""
+async def tp_size_of(http: EngineHTTP, url: str) -> tuple[int, WeightSyncError | None]:
+    """The engine's tensor-parallel size from GET /server_info (SGLang and the embedded engine)."""
+    data, err = await http.get(url, "/server_info")
+    if err is not None:
+        return 0, err
+    tp = data.get("tp_size") if isinstance(data, dict) else None
+    if not isinstance(tp, int) or tp < 1:
+        return 0, WeightSyncError("config", f"/server_info: tp_size must be an integer >= 1, got {tp!r}", url)
+    return tp, None
 
-    def __init__(self, failed: dict[str, str], why: str = ""):
-        super().__init__(failed, why)
-        self.failed, self.why = failed, why
+
+async def extensions_of(http: EngineHTTP, url: str) -> dict:
+    """The embedded engine's extensions (GET /weight_sync_info); {} for a real SGLang."""
+    data, err = await http.get(url, "/weight_sync_info")
+    return data if err is None and isinstance(data, dict) and data.get("asyncrl") else {}
 
 
-class DistributedSender(WeightSender):
-    def __init__(self, backend: str = "gloo", *, timeout_s: float = 120.0, mode: str = "in_place",
-                 master_address: str | None = None, probe_timeout_s: float = 5.0, coalesce: bool = True):
+class GroupTransport(Transport):
+    uses_session = True
+    shared_fate = True
+
+    def __init__(self, backend: str = "gloo", *, timeout_s: float = 120.0, master_address: str | None = None,
+                 coalesce: bool = True):
         if backend not in ("gloo", "nccl"):
-            raise ValueError(f"DistributedSender: backend must be gloo or nccl, got {backend!r}")
-        if mode not in ("in_place", "abort"):
-            raise ValueError(f"DistributedSender: mode must be in_place or abort, got {mode!r}")
-        self.transport = backend
-        self.backend, self.timeout_s, self.mode = backend, float(timeout_s), mode
-        self.master_address = master_address
-        self.coalesce_wanted = coalesce
+            raise WeightSyncError("config", f"group transport: backend must be gloo or nccl, got {backend!r}")
+        self.name = self.backend = backend
+        self.timeout_s, self.master_address, self.coalesce_wanted = float(timeout_s), master_address, coalesce
         self.device = "cuda" if backend == "nccl" else "cpu"
-        self.http = EngineHTTP(min(probe_timeout_s, timeout_s))
-        self.urls: list[str] = []
-        self.members: list[str] = []  # engines of the current group, rank 1.. in this order
+        self.members: list[str] = []  # engines of the current group, in rank order
         self.pg: Any = None
         self.group_name = ""
         self.coalesce = False
@@ -86,39 +85,37 @@ class DistributedSender(WeightSender):
 
     # ------------------------------------------------------------------ group
 
-    async def connect(self, engine_urls: list[str]) -> None:
-        self.urls = [u.rstrip("/") for u in engine_urls]
-        if not self.urls:
-            raise WeightSyncError("weight sync: no engine urls to connect to")
-        live, dead = await self.http.alive(self.urls)
-        if dead:
-            log.warning("weight sync: engines not answering, left out of the group: %s", dead)
-        await self._build_group(live)
+    async def prepare(self, http: EngineHTTP, engines: list[str]) -> dict[str, WeightSyncError]:
+        if self.pg is not None and engines == self.members and not await self._group_lost(http, engines):
+            return {}
+        return await self._build_group(http, engines)
 
-    async def _retire_group(self) -> None:
+    async def retire(self, http: EngineHTTP) -> None:
         """Drop the current group on both sides (best effort; never blocks on a stuck collective)."""
         pg, name, members = self.pg, self.group_name, self.members
         self.pg, self.group_name, self.members = None, "", []
         if pg is None:
             return
         if members:
-            await self.http.post_all(members, "/destroy_weights_update_group", {"group_name": name},
-                                     self.http.probe_timeout_s)
+            await http.post_all(members, "/destroy_weights_update_group", {"group_name": name}, http.probe_timeout_s)
         inflight = self._inflight
         if inflight is not None and not inflight.done():  # destroy once the stuck collective returns
             inflight.add_done_callback(lambda _f: destroy_group(pg))
         else:
             await asyncio.to_thread(destroy_group, pg)
 
-    async def _build_group(self, live: list[str]) -> dict[str, str]:
-        """A fresh group of rank 0 + `live` (each one rank). Returns {url: why} for engines that failed."""
-        await self._retire_group()
+    async def _build_group(self, http: EngineHTTP, engines: list[str]) -> dict[str, WeightSyncError]:
+        """A fresh group of rank 0 + every TP rank of `engines`. Returns {url: why} for engines left out."""
+        await self.retire(http)
+        sizes = await asyncio.gather(*(tp_size_of(http, u) for u in engines))
+        failed = {u: e for u, (_, e) in zip(engines, sizes) if e is not None}
+        live = [u for u in engines if u not in failed]
+        tp = [n for u, (n, _) in zip(engines, sizes) if u in live]
         if not live:
-            return {}
-        infos = await asyncio.gather(*(self.http.info(u) for u in live))
-        ours = all(i.get("asyncrl") for i in infos)
-        self.coalesce = self.coalesce_wanted and all(i.get("coalesce") for i in infos)
-        tp = [int(i.get("tp_size", 1)) for i in infos]
+            return failed
+        exts = await asyncio.gather(*(extensions_of(http, u) for u in live))
+        ours = all(exts)
+        self.coalesce = self.coalesce_wanted and all(x.get("coalesce") for x in exts)
         world = 1 + sum(tp)
         addr = self.master_address or master_address_for(live)
         port = free_port(addr if addr != "0.0.0.0" else "")
@@ -126,109 +123,73 @@ class DistributedSender(WeightSender):
         offsets = [1 + sum(tp[:k]) for k in range(len(live))]
         posts = []
         for u, off in zip(live, offsets):
-            body = {"master_address": addr, "master_port": port, "rank_offset": off, "world_size": world,
-                    "group_name": name, "backend": self.backend}
+            body: dict[str, Any] = {"master_address": addr, "master_port": port, "rank_offset": off,
+                                    "world_size": world, "group_name": name, "backend": self.backend}
             if ours:
-                body["timeout_s"] = self.timeout_s
-            posts.append(asyncio.ensure_future(self.http.post(u, "/init_weights_update_group", body, self.timeout_s + 5)))
+                body["timeout_s"] = self.timeout_s  # extension: the group's collective timeout
+            posts.append(asyncio.ensure_future(http.post(u, "/init_weights_update_group", body, self.timeout_s + 5)))
         try:
             pg = await asyncio.wait_for(asyncio.to_thread(
                 init_custom_process_group, self.backend, f"tcp://{addr}:{port}", world, 0, name, self.timeout_s),
                 self.timeout_s + 5)
-        except Exception as e:  # noqa: BLE001 - some engine never joined
+        except Exception as e:  # noqa: BLE001 - some engine never joined: leave out those that say so, else all
             replies = await asyncio.gather(*posts)
-            failed = {u: why for u, (ok, why) in zip(live, replies) if not ok} or {u: f"rendezvous: {e}" for u in live}
-            log.warning("weight sync: building group %s failed: %s", name, failed)
+            bad = {u: err for u, err in zip(live, replies) if err is not None}
+            failed.update(bad or
+                          {u: WeightSyncError("timeout", f"rendezvous of {name}: {e}", u) for u in live})
+            log.warning("weight sync: building group %s failed: %s", name, {u: str(x) for u, x in failed.items()})
             return failed
         replies = await asyncio.gather(*posts)
-        failed = {u: why for u, (ok, why) in zip(live, replies) if not ok}
+        bad = {u: err for u, err in zip(live, replies) if err is not None}
         self.pg, self.group_name, self.members = pg, name, list(live)
-        if failed:  # a rank that joined the store but reported failure: the group is unusable
-            await self._retire_group()
-        return failed
+        if bad:  # a rank that joined the store but reported failure: the group is unusable
+            await self.retire(http)
+        return {**failed, **bad}
 
-    async def _group_lost(self, live: list[str]) -> bool:
-        """Whether an asyncrl engine no longer holds our group (restarted on the same address)."""
-        infos = await asyncio.gather(*(self.http.info(u) for u in live))
-        return any(i.get("asyncrl") and self.group_name not in i.get("groups", []) for i in infos)
+    async def _group_lost(self, http: EngineHTTP, engines: list[str]) -> bool:
+        """Whether an embedded engine no longer holds our group (restarted on the same address)."""
+        exts = await asyncio.gather(*(extensions_of(http, u) for u in engines))
+        return any(x and self.group_name not in x.get("groups", []) for x in exts)
 
-    # ------------------------------------------------------------------ sync
+    # ------------------------------------------------------------------ buckets
 
-    async def sync(self, params_iter: Iterable[Bucket], version: int) -> SyncReport:
-        if not self.urls:
-            raise WeightSyncError("weight sync: sync() before connect()")
-        it = iter(params_iter)
-        clock = Stopwatch()
-        report = SyncReport(version=int(version), transport=self.transport)
-        try:
-            live, dead = await self.http.alive(self.urls)
-            report.engines_failed.update(dead)
-            if self.pg is None or live != self.members or await self._group_lost(live):
-                report.engines_failed.update(await self._build_group(live))
-            if self.pg is None:
-                return report
-            members = list(self.members)
-            try:
-                await asyncio.wait_for(self._transfer(it, int(version), members, report), self.timeout_s)
-                report.engines_ok = members
-            except (_Abandon, asyncio.TimeoutError) as e:
-                # nobody holds the whole new version: no engine is ok; blame the named ones, else
-                # whoever does not answer /health now, else all of them
-                why = e.why if isinstance(e, _Abandon) else f"sync did not finish within {self.timeout_s}s"
-                failed = e.failed if isinstance(e, _Abandon) else {}
-                if not failed:
-                    _, failed = await self.http.alive(members)
-                    failed = failed or {u: why for u in members}
-                report.engines_failed.update(failed)
-                log.warning("weight sync v%d abandoned (%s): %s", version, why, failed)
-                await self._retire_group()
-            finally:
-                still = [u for u in members if u not in report.engines_failed]
-                await self.http.resume(still, self.http.probe_timeout_s * 2)
-        finally:
-            await asyncio.to_thread(drain, it)
-            report.seconds = clock()
-        return report
-
-    async def _transfer(self, it: Any, version: int, members: list[str], report: SyncReport) -> None:
-        failed = await self.http.pause(members, self.mode, self.timeout_s)
-        if failed:
-            raise _Abandon(failed)
-        while True:
-            bucket = await asyncio.to_thread(next, it, None)
-            if bucket is None:
-                break
-            await self._send_bucket(bucket, None, members, report)
-        await self._send_bucket([], version, members, report)
-
-    async def _send_bucket(self, bucket: Bucket, version: int | None, members: list[str], report: SyncReport) -> None:
+    async def send_bucket(self, http: EngineHTTP, bucket: Bucket, engines: list[str], version: str | None,
+                          report: SyncReport) -> dict[str, WeightSyncError]:
+        if self.pg is None or engines != self.members:
+            raise SyncAbandoned({}, f"the update group does not hold exactly {engines}")
         metas = metas_of(bucket)
         body: dict[str, Any] = {"names": [m.name for m in metas], "dtypes": [m.dtype for m in metas],
                                 "shapes": [list(m.shape) for m in metas], "group_name": self.group_name,
-                                "flush_cache": version is not None,
-                                "weight_version": None if version is None else (version if self.coalesce else str(version))}
+                                "flush_cache": version is not None, "weight_version": version, "load_format": None}
         if self.coalesce:
-            body["asyncrl_coalesce"] = True
-        posts = {u: asyncio.ensure_future(self.http.post(u, "/update_weights_from_distributed", body, None))
-                 for u in members}
-        if bucket:
-            self._inflight = asyncio.ensure_future(asyncio.to_thread(self._broadcast, self.pg, bucket))
-            self._inflight.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if abandoned
-            pending = set(posts.values()) | {self._inflight}
-            while self._inflight in pending:  # a reply that fails early must not wait out the collective
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                early = {u: p.result()[1] for u, p in posts.items() if p in done and not p.result()[0]}
-                if early:
-                    _raise_or_abandon(early)
-            if self._inflight.exception() is not None:  # e.g. gloo: "Connection closed by peer"
-                raise _Abandon({}, f"broadcast failed: {self._inflight.exception()}")
-            report.collectives += self._inflight.result()
-            report.bytes += sum(nbytes(t) for _, t in bucket)
-            report.buckets += 1
-        replies = {u: await p for u, p in posts.items()}
-        bad = {u: why for u, (ok, why) in replies.items() if not ok}
-        if bad:
-            _raise_or_abandon(bad)
+            body["asyncrl_coalesce"] = True  # extension, negotiated through /weight_sync_info
+        posts = {u: asyncio.ensure_future(http.post(u, "/update_weights_from_distributed", body, None)) for u in engines}
+        self._inflight = asyncio.ensure_future(asyncio.to_thread(self._broadcast, self.pg, bucket))
+        self._inflight.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if abandoned
+        pending = set(posts.values()) | {self._inflight}
+        while self._inflight in pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            early = {u: p.result() for u, p in posts.items() if p in done and p.result() is not None}
+            if early and not await self._broadcast_ends(http.probe_timeout_s):
+                return early  # failed before the broadcast, which then never ends: it never joined
+        if self._inflight.exception() is not None:  # e.g. gloo: "Connection closed by peer"
+            raise SyncAbandoned({}, f"broadcast failed: {self._inflight.exception()}")
+        report.collectives += self._inflight.result()
+        errs = {u: err for u, err in zip(posts, await asyncio.gather(*posts.values())) if err is not None}
+        # the bytes arrived: a refusal now is about the tensors
+        return {u: WeightMismatchError(e.message, u, e.status) if e.code == "refused" else e for u, e in errs.items()}
+
+    async def _broadcast_ends(self, grace_s: float) -> bool:
+        """Whether our side of the bucket's broadcast ends within `grace_s`. A failure answer can
+        overtake the end of our side even when the engine received every byte (then it refused
+        the tensors); an engine that failed before joining leaves our side waiting."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self._inflight), grace_s)
+        except asyncio.TimeoutError:
+            return False
+        except Exception:  # noqa: BLE001 - the broadcast itself failed: handled by the caller
+            return True
+        return True
 
     def _broadcast(self, pg: Any, bucket: Bucket) -> int:
         """Rank 0's side of one bucket (blocking, in a worker thread). Returns the collective count."""
@@ -242,28 +203,17 @@ class DistributedSender(WeightSender):
             w.wait()
         return len(bufs)
 
-    async def broadcast_flat(self, numel: int, dtype: torch.dtype = torch.float32) -> float:
-        """Benchmark ceiling: one flat broadcast of `numel` elements to the current group; seconds."""
+    async def broadcast_flat(self, http: EngineHTTP, numel: int, dtype: torch.dtype = torch.float32) -> float:
+        """Benchmark ceiling (extension /weight_sync_probe_broadcast): one flat broadcast of `numel`
+        elements to the current group; seconds."""
         buf = torch.zeros(numel, dtype=dtype, device=self.device)
-        clock = Stopwatch()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
         body = {"group_name": self.group_name, "numel": numel, "dtype": dtype_name(dtype)}
-        posts = [asyncio.ensure_future(self.http.post(u, "/weight_sync_probe_broadcast", body, None)) for u in self.members]
+        posts = [asyncio.ensure_future(http.post(u, "/weight_sync_probe_broadcast", body, None)) for u in self.members]
         await asyncio.to_thread(lambda: dist.broadcast(buf, src=0, group=self.pg))
-        res = await asyncio.gather(*posts)
-        if not all(ok for ok, _ in res):
-            raise WeightSyncError(f"probe broadcast failed: {res}")
-        return clock()
+        errs = [e for e in await asyncio.gather(*posts) if e is not None]
+        if errs:
+            raise errs[0]
+        return loop.time() - t0
 
-    async def close(self) -> None:
-        await self._retire_group()
-        await self.http.aclose()
-
-
-def _raise_or_abandon(bad: dict[str, str]) -> None:
-    """A refused bucket (the engine answered success=false about a tensor) is a configuration error;
-    anything else (connection refused, broken group) abandons the sync for those engines."""
-    refused = {u: why for u, why in bad.items() if names_a_tensor(why)}
-    if refused:
-        url, why = next(iter(refused.items()))
-        raise WeightMismatchError(f"engine {url} refused the weights: {why}")
-    raise _Abandon(bad)

@@ -1,14 +1,20 @@
 """Engine side of a weight sync: join the update group, check, receive and apply broadcast buckets.
 
 Used by the routes (routes.py) over any object with the EngineCore contract (`model`,
-`weight_version`, `apply_weights(named_tensors, version)`). Every reply is SGLang-shaped:
-{"success": bool, "message": str, "weight_version": int}. Collectives run in a worker thread so
-the server's event loop keeps serving /generate, /health and the rest meanwhile.
+`weight_version` (int), `apply_weights(named_tensors, version)`). Every answer is SGLang 0.5's:
+HTTP 200 {"success": true, "message"} or HTTP 400 {"success": false, "message"}, and HTTP 400 with
+an error object (no "success") for a request that fails validation. Distributed and tensor updates
+are refused outside a session (begin_weight_update ... end_weight_update), before any broadcast.
+`weight_version` travels as a string; the core keeps an int. Collectives run in a worker thread so
+the server's event loop keeps serving /generate and the rest meanwhile.
 
 Checks happen before any byte moves: names must be the served model's state_dict keys, shapes and
 dtypes equal to the live tensor's. On a mismatch the receiver still takes part in the bucket's
 broadcast (into scratch buffers, thrown away) so that rank 0's collective completes and the group
-stays usable; nothing is applied and the reply is success=false naming the tensor.
+stays usable; nothing is applied and the answer is HTTP 400 "Failed to update parameter online: ..."
+naming the tensor (SGLang receives first and fails in load_weights: the same answer, the same order).
+`flush_cache` is accepted and changes nothing here: this engine has no prefix cache, and its running
+requests keep their KV caches whatever the pause mode (it treats retract as in_place).
 """
 
 from __future__ import annotations
@@ -19,18 +25,26 @@ import logging
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from asyncrl.weight_sync.bucketing import TensorMeta, flat_groups, metas_from_request, parse_dtype, unpack
+from asyncrl.weight_sync.bucketing import (
+    TensorMeta,
+    flat_groups,
+    metas_from_request,
+    metas_of,
+    parse_dtype,
+    unpack,
+)
 from asyncrl.weight_sync.group import destroy_group, init_custom_process_group
 
 log = logging.getLogger(__name__)
 
 DEFAULT_GROUP_TIMEOUT_S = 300.0
-CAPABILITIES = {"asyncrl": True, "coalesce": True, "tp_size": 1}
+CAPABILITIES = {"asyncrl": True, "coalesce": True}  # GET /weight_sync_info: the extensions offered
 
 
 def check_metas(targets: dict[str, torch.Tensor], metas: Sequence[TensorMeta]) -> str | None:
@@ -68,18 +82,50 @@ def receive_bucket(pg: Any, metas: Sequence[TensorMeta], coalesce: bool, device:
     return out  # type: ignore[return-value]
 
 
-def _reply(success: bool, message: str, core: Any) -> dict:
-    return {"success": success, "message": message, "weight_version": int(core.weight_version)}
+class Answer(NamedTuple):
+    """An HTTP answer: status and JSON body, shaped as SGLang 0.5 shapes it."""
+
+    status: int
+    body: dict
 
 
-def _version(body: dict) -> int | None:
+def ok(message: str, **extra: Any) -> Answer:
+    return Answer(200, {"success": True, "message": message, **extra})
+
+
+def refused(message: str, **extra: Any) -> Answer:
+    """SGLang's failure of a weight-update call: HTTP 400 {"success": false, "message"}."""
+    return Answer(400, {"success": False, "message": message, **extra})
+
+
+def invalid(message: str) -> Answer:
+    """SGLang's answer to a request that fails validation: HTTP 400 with an error object, no "success"."""
+    return Answer(400, {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400})
+
+
+class Invalid(ValueError):
+    """A request field has the wrong type (answered with `invalid`)."""
+
+
+def wire_version(body: dict) -> int | None:
+    """`weight_version` of a request: a string (SGLang) holding an integer (the embedded engine's
+    versions are ints), or absent/null (the version stays as it is)."""
     v = body.get("weight_version")
     if v is None:
         return None
+    if not isinstance(v, str):
+        raise Invalid(f"weight_version must be a string or null, got {type(v).__name__} {v!r}")
     try:
         return int(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"weight_version must be an integer, got {v!r}") from None
+    except ValueError:
+        raise Invalid(f"weight_version {v!r}: this engine keeps integer versions (e.g. \"12\")") from None
+
+
+def flag(body: dict, key: str, default: bool) -> bool:
+    v = body.get(key, default)
+    if not isinstance(v, bool):
+        raise Invalid(f"{key} must be a boolean, got {type(v).__name__} {v!r}")
+    return v
 
 
 @dataclass
@@ -91,104 +137,177 @@ class _Group:
     busy: asyncio.Lock = field(default_factory=asyncio.Lock)  # one bucket at a time per group
 
 
+OUTSIDE = "{} must run between begin_weight_update() and end_weight_update()"
+
+
 class WeightReceiver:
-    """The state behind the weight-sync routes of one engine (its groups by name)."""
+    """The state behind the weight-sync routes of one engine: its groups by name and its session."""
 
     def __init__(self, core: Any):
         self.core = core
         self.groups: dict[str, _Group] = {}
+        self.session_open = False
         self._apply_lock = asyncio.Lock()  # one apply at a time (a stuck old group never holds it)
 
     def _device(self) -> str:
         p = next(iter(self.core.model.parameters()), None)
         return str(p.device) if p is not None else "cpu"
 
-    async def init_group(self, body: dict) -> dict:
+    # ------------------------------------------------------------------ session
+
+    async def begin(self, body: dict) -> Answer:
+        if self.session_open:
+            return refused("a weight-update session is already open; call end_weight_update() first")
+        self.session_open = True
+        return ok("Success")
+
+    async def end(self, body: dict) -> Answer:
+        if not self.session_open:
+            return refused("no weight-update session is open; call begin_weight_update() first")
+        self.session_open = False
+        return ok("Success")
+
+    # ------------------------------------------------------------------ group
+
+    async def init_group(self, body: dict) -> Answer:
         try:
-            name = str(body["group_name"])
-            backend = str(body.get("backend") or "gloo")
+            name = str(body.get("group_name", "weight_update_group"))
+            backend = str(body.get("backend") or "nccl")
             addr, port = str(body["master_address"]), int(body["master_port"])
             rank, world = int(body["rank_offset"]), int(body["world_size"])
-            timeout = float(body.get("timeout_s") or DEFAULT_GROUP_TIMEOUT_S)
+            timeout = float(body.get("timeout_s") or DEFAULT_GROUP_TIMEOUT_S)  # extension
         except (KeyError, TypeError, ValueError) as e:
-            return _reply(False, f"init_weights_update_group: bad or missing field {e}", self.core)
+            return invalid(f"init_weights_update_group: bad or missing field {e}")
         if name in self.groups:
-            return _reply(False, f"weight-update group {name!r} already exists on this engine", self.core)
+            return refused(f"Failed to initialize custom process group: {name!r} already exists on this engine")
         try:
             pg = await asyncio.to_thread(
                 init_custom_process_group, backend, f"tcp://{addr}:{port}", world, rank, name, timeout
             )
         except Exception as e:  # noqa: BLE001 - reported to the sender, the server keeps serving
-            return _reply(False, f"joining weight-update group {name!r} at {addr}:{port} failed: {e}", self.core)
+            return refused(f"Failed to initialize custom process group {name!r} at {addr}:{port}: {e}")
         self.groups[name] = _Group(pg, rank, world, backend)
-        return _reply(True, f"joined {name!r} as rank {rank} of {world} ({backend})", self.core)
+        return ok(f"Succeeded to initialize custom process group {name!r} as rank {rank} of {world} ({backend})")
 
-    async def destroy_group(self, body: dict) -> dict:
-        name = str(body.get("group_name", ""))
+    async def destroy_group(self, body: dict) -> Answer:
+        name = str(body.get("group_name", "weight_update_group"))
         g = self.groups.pop(name, None)
         if g is None:
-            return _reply(False, f"no weight-update group {name!r} on this engine (have: {sorted(self.groups)})", self.core)
+            return refused(f"Failed to destroy group: {name!r} not in {sorted(self.groups)}")
         async with g.busy:  # a receive still running on it ends (or times out) first
             await asyncio.to_thread(destroy_group, g.pg)
-        return _reply(True, f"destroyed {name!r}", self.core)
+        return ok(f"Succeeded to destroy custom process group {name!r}")
 
-    async def update_from_distributed(self, body: dict) -> dict:
-        name = str(body.get("group_name", ""))
-        g = self.groups.get(name)
-        if g is None:
-            return _reply(False, f"no weight-update group {name!r} on this engine (have: {sorted(self.groups)})", self.core)
+    # ------------------------------------------------------------------ updates
+
+    async def update_from_distributed(self, body: dict) -> Answer:
         try:
-            metas = metas_from_request(body.get("names") or [], body.get("dtypes") or [], body.get("shapes") or [])
+            metas = metas_from_request(body["names"], body["dtypes"], body["shapes"])
             for m in metas:
                 parse_dtype(m.dtype, f"weight {m.name!r}")
-            version = _version(body)
-        except ValueError as e:
-            return _reply(False, f"update_weights_from_distributed: {e}", self.core)
+            version = wire_version(body)
+            flag(body, "flush_cache", True)
+            coalesce = flag(body, "asyncrl_coalesce", False)  # extension, see /weight_sync_info
+        except (KeyError, TypeError, ValueError) as e:
+            return invalid(f"update_weights_from_distributed: {type(e).__name__}: {e}")
+        if not self.session_open:  # refused before the broadcast: this engine does not join it
+            return refused(OUTSIDE.format("update_weights_from_distributed"))
+        name = str(body.get("group_name", "weight_update_group"))
+        g = self.groups.get(name)
+        if g is None:
+            return refused(f"Failed to receive weights: Group {name} not in {sorted(self.groups)}. "
+                           "Please call `init_weights_update_group` first.")
         async with g.busy:
             problem = check_metas(self.core.model.state_dict(), metas)
             device = self._device()
             try:  # on a mismatch: drain the broadcast into scratch buffers, apply nothing
-                tensors = await asyncio.to_thread(receive_bucket, g.pg, metas, bool(body.get("asyncrl_coalesce")),
-                                                  "cpu" if problem else device)
+                tensors = await asyncio.to_thread(receive_bucket, g.pg, metas, coalesce, "cpu" if problem else device)
             except Exception as e:  # noqa: BLE001 - a broken group: the sender abandons and rebuilds
                 self.groups.pop(name, None)
-                return _reply(False, f"broadcast on {name!r} failed (group dropped): {e}", self.core)
+                return refused(f"Failed to receive weights: broadcast on {name!r} failed (group dropped): {e}")
             if problem:
-                return _reply(False, problem, self.core)
+                return refused(f"Failed to update parameter online: {problem}")
             return await self._apply(list(zip([m.name for m in metas], tensors)), version)
 
-    async def update_from_tensor(self, body: dict) -> dict:
+    async def update_from_tensor(self, body: dict) -> Answer:
         """Colocated GPU: tensors arrive as CUDA-IPC handles, pickled by torch's ForkingPickler and
-        base64-encoded, one entry per TP rank (SGLang's MultiprocessingSerializer format)."""
+        base64-encoded, one entry per TP rank (SGLang's MultiprocessingSerializer format); this
+        engine is TP rank 0 and reads entry 0 only."""
         try:
             payloads = body["serialized_named_tensors"]
-            version = _version(body)
+            if not isinstance(payloads, list) or not payloads or not all(isinstance(p, str) for p in payloads):
+                raise Invalid("serialized_named_tensors must be a non-empty list of base64 strings, one per TP rank")
+            version = wire_version(body)
+            flag(body, "flush_cache", True)
+        except (KeyError, ValueError) as e:
+            return invalid(f"update_weights_from_tensor: {type(e).__name__}: {e}")
+        if not self.session_open:
+            return refused(OUTSIDE.format("update_weights_from_tensor"))
+        try:
             import torch.multiprocessing  # noqa: F401 - registers the CUDA-IPC rebuild reductions
 
             named = pickle.loads(base64.b64decode(payloads[0]))
             metas = [TensorMeta(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in named]
         except Exception as e:  # noqa: BLE001
-            return _reply(False, f"update_weights_from_tensor: cannot read the payload: {e}", self.core)
+            return refused(f"Failed to update parameter online: cannot read the payload: {e}")
         problem = check_metas(self.core.model.state_dict(), metas)
         if problem:
-            return _reply(False, problem, self.core)
+            return refused(f"Failed to update parameter online: {problem}")
         return await self._apply(list(named), version)
 
-    async def _apply(self, named: list[tuple[str, torch.Tensor]], version: int | None) -> dict:
+    async def update_from_disk(self, body: dict) -> Answer:
+        """SGLang loads from disk without a session; its answers carry num_paused_requests."""
+        path = body.get("model_path")
+        try:
+            if not isinstance(path, str) or not path:
+                raise Invalid(f"update_weights_from_disk needs model_path (a string), got {path!r}")
+            version = wire_version(body)
+            flag(body, "flush_cache", True)
+        except ValueError as e:
+            return invalid(str(e))
+        try:
+            named = await asyncio.to_thread(load_safetensors_dir, path)
+            problem = check_metas(self.core.model.state_dict(), metas_of(named))
+        except (OSError, ValueError) as e:
+            return refused(f"Failed to load weights from {path}: {e}", num_paused_requests=0)
+        if problem:
+            return refused(f"Failed to update model weights from {path}: {problem}", num_paused_requests=0)
+        answer = await self._apply(named, version)
+        return Answer(answer.status, {**answer.body, "num_paused_requests": 0})
+
+    async def _apply(self, named: list[tuple[str, torch.Tensor]], version: int | None) -> Answer:
         # SGLang semantics: no weight_version leaves the version unchanged (the core's None means +1).
         target = self.core.weight_version if version is None else version
         try:
             async with self._apply_lock:
                 await self.core.apply_weights(named, target)
         except ValueError as e:
-            return _reply(False, str(e), self.core)
-        return _reply(True, f"applied {len(named)} tensors", self.core)
+            return refused(f"Failed to update parameter online: {e}")
+        return ok(f"Succeeded to update parameter online ({len(named)} tensors).")
 
-    async def probe_broadcast(self, body: dict) -> dict:
-        """Benchmark aid: receive one flat broadcast of `numel` elements of `dtype` and discard it."""
+    async def probe_broadcast(self, body: dict) -> Answer:
+        """Extension (benchmark aid): receive one flat broadcast of `numel` elements and discard it."""
+        try:
+            numel, dtype = int(body["numel"]), parse_dtype(str(body.get("dtype", "float32")))
+        except (KeyError, TypeError, ValueError) as e:
+            return invalid(f"weight_sync_probe_broadcast: {type(e).__name__}: {e}")
         g = self.groups.get(str(body.get("group_name", "")))
         if g is None:
-            return _reply(False, f"no weight-update group {body.get('group_name')!r}", self.core)
-        buf = torch.empty(int(body["numel"]), dtype=parse_dtype(str(body.get("dtype", "float32"))))
+            return refused(f"no weight-update group {body.get('group_name')!r}")
+        buf = torch.empty(numel, dtype=dtype)
         await asyncio.to_thread(lambda: dist.broadcast(buf, src=0, group=g.pg))
-        return _reply(True, f"received {buf.numel()} elements", self.core)
+        return ok(f"received {buf.numel()} elements")
+
+
+def load_safetensors_dir(model_path: str) -> list[tuple[str, torch.Tensor]]:
+    """All tensors of the *.safetensors files in a HF checkpoint directory (or one file)."""
+    from safetensors.torch import load_file
+
+    p = Path(model_path)
+    files = [p] if p.is_file() else sorted(p.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"model_path={model_path!r}: no *.safetensors files there")
+    out: list[tuple[str, torch.Tensor]] = []
+    for f in files:
+        out.extend(load_file(str(f)).items())
+    return out

@@ -1,56 +1,72 @@
-"""SGLang's weight-update endpoints, as an APIRouter any EngineCore-shaped server mounts:
+"""SGLang 0.5's weight-update endpoints, as an APIRouter any EngineCore-shaped server mounts:
 
     POST /init_weights_update_group        {master_address, master_port, rank_offset, world_size, group_name, backend}
-    POST /update_weights_from_distributed  {names, dtypes, shapes, group_name, flush_cache, weight_version}
-    POST /update_weights_from_tensor       {serialized_named_tensors, load_format, flush_cache, weight_version}
     POST /destroy_weights_update_group     {group_name}
-and two asyncrl additions a real SGLang lacks (the sender probes for them and falls back):
-    GET  /weight_sync_info                 {"asyncrl": true, "coalesce": true, "tp_size": 1}
+    POST /begin_weight_update              {}  opens the session (a second begin is refused)
+    POST /update_weights_from_distributed  {names, dtypes, shapes, group_name, flush_cache, weight_version, load_format}
+    POST /update_weights_from_tensor       {serialized_named_tensors (one per TP rank), load_format, flush_cache, weight_version}
+    POST /end_weight_update                {}  closes it (refused when none is open)
+    POST /update_weights_from_disk         {model_path, weight_version, flush_cache, load_format}  (no session)
+Answers: HTTP 200 {"success": true, "message"}; HTTP 400 {"success": false, "message"} when the
+engine refuses (outside a session, no such group, a tensor the model does not have: "Failed to
+update parameter online: ..."); HTTP 400 with an error object and no "success" for a malformed
+request. /update_weights_from_disk adds "num_paused_requests". weight_version is a string.
+
+Extensions a real SGLang lacks (the sender asks GET /weight_sync_info and uses them only when every
+engine offers them):
+    GET  /weight_sync_info                 {"asyncrl": true, "coalesce": true, "groups": [...], "session_open", "weight_version"}
+    init_weights_update_group {timeout_s}; update_weights_from_distributed {asyncrl_coalesce: true}
     POST /weight_sync_probe_broadcast      {group_name, numel, dtype}  (benchmark ceiling only)
-Replies: {"success": bool, "message": str, "weight_version": int}; a failure is HTTP 200 with
-success=false, as SGLang does. Pause/continue and /update_weights_from_disk belong to the server.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
-from asyncrl.weight_sync.receiver import CAPABILITIES, WeightReceiver
+from asyncrl.weight_sync.receiver import CAPABILITIES, Answer, WeightReceiver, invalid
 
 
-async def _body(request: Request) -> dict:
+async def _body(request: Request) -> dict | Answer:
     raw = await request.body()
     try:
         body = json.loads(raw) if raw.strip() else {}
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        return {"__error__": f"malformed JSON body: {e}"}
-    return body if isinstance(body, dict) else {"__error__": f"body must be a JSON object, got {type(body).__name__}"}
+        return invalid(f"malformed JSON body: {e}")
+    return body if isinstance(body, dict) else invalid(f"body must be a JSON object, got {type(body).__name__}")
 
 
 def make_router(core: Any) -> APIRouter:
     receiver = WeightReceiver(core)
     router = APIRouter()
 
-    def handler(method):
-        async def endpoint(request: Request) -> dict:
+    def handler(method: Callable[[dict], Awaitable[Answer]]):
+        async def endpoint(request: Request) -> JSONResponse:
             body = await _body(request)
-            if "__error__" in body:
-                return {"success": False, "message": body["__error__"], "weight_version": int(core.weight_version)}
-            return await method(body)
+            answer = body if isinstance(body, Answer) else await method(body)
+            return JSONResponse(answer.body, status_code=answer.status)
         return endpoint
 
-    router.add_api_route("/init_weights_update_group", handler(receiver.init_group), methods=["POST"])
-    router.add_api_route("/update_weights_from_distributed", handler(receiver.update_from_distributed), methods=["POST"])
-    router.add_api_route("/update_weights_from_tensor", handler(receiver.update_from_tensor), methods=["POST"])
-    router.add_api_route("/destroy_weights_update_group", handler(receiver.destroy_group), methods=["POST"])
-    router.add_api_route("/weight_sync_probe_broadcast", handler(receiver.probe_broadcast), methods=["POST"])
+    for path, method in [
+        ("/init_weights_update_group", receiver.init_group),
+        ("/destroy_weights_update_group", receiver.destroy_group),
+        ("/begin_weight_update", receiver.begin),
+        ("/end_weight_update", receiver.end),
+        ("/update_weights_from_distributed", receiver.update_from_distributed),
+        ("/update_weights_from_tensor", receiver.update_from_tensor),
+        ("/update_weights_from_disk", receiver.update_from_disk),
+        ("/weight_sync_probe_broadcast", receiver.probe_broadcast),
+    ]:
+        router.add_api_route(path, handler(method), methods=["POST"])
 
     @router.get("/weight_sync_info")
     async def info() -> dict:
-        return {**CAPABILITIES, "weight_version": int(core.weight_version), "groups": sorted(receiver.groups)}
+        return {**CAPABILITIES, "weight_version": str(core.weight_version), "groups": sorted(receiver.groups),
+                "session_open": receiver.session_open}
 
     router.receiver = receiver  # type: ignore[attr-defined] - for tests and introspection
     return router

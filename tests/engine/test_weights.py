@@ -1,13 +1,20 @@
-"""Weight updates: /update_weights_from_disk on a real server, versions per token, apply_weights errors."""
+"""Weight updates: /update_weights_from_disk on a real server (SGLang 0.5's answers: string versions,
+400 with success=false), versions per token, apply_weights errors."""
 
 from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
 import torch
 
 from tests.engine.conftest import greedy_path, greedy_reference, post, stats, wait_tokens
+
+
+async def model_info(url: str) -> dict:
+    async with httpx.AsyncClient(timeout=10) as h:
+        return (await h.get(url + "/model_info")).json()
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +36,13 @@ def fresh_engine(engine_model_dir):
 
 @pytest.mark.timeout(180)
 async def test_update_weights_from_disk_changes_outputs_and_versions(fresh_engine, tiny_model, engine_model_dir,
-                                                                     other_model_dir):
+                                                                     other_model_dir, tmp_path):
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
+
+    bad_dir = tmp_path / "bad"
+    bad_dir.mkdir()
+    save_file({"model.norm.weight": torch.zeros(3)}, str(bad_dir / "model.safetensors"))
 
     url = fresh_engine.url
     other = AutoModelForCausalLM.from_pretrained(other_model_dir, dtype=torch.float32).eval()
@@ -40,11 +52,14 @@ async def test_update_weights_from_disk_changes_outputs_and_versions(fresh_engin
     assert before["output_ids"] == greedy_reference(tiny_model, p, 12)
     assert before["meta_info"]["weight_version"] == 3
 
-    r = await post(url, "/update_weights_from_disk", {"model_path": str(other_model_dir)})
-    assert r.status_code == 200 and r.json()["success"] and r.json()["weight_version"] == 4  # no version: +1
+    r = await post(url, "/update_weights_from_disk", {"model_path": str(other_model_dir), "weight_version": "4"})
+    assert r.status_code == 200 and r.json()["success"] is True and r.json()["num_paused_requests"] == 0
     after = (await post(url, "/generate", body)).json()
     assert after["output_ids"] == greedy_reference(other, p, 12) != before["output_ids"]
     assert after["meta_info"]["weight_version"] == 4 and after["meta_info"]["output_token_versions"] == [4] * 12
+    # no weight_version: the weights change, the version stays (SGLang)
+    r = await post(url, "/update_weights_from_disk", {"model_path": str(other_model_dir)})
+    assert r.status_code == 200 and (await model_info(url))["weight_version"] == "4"
 
     # a request that spans an update: tokens before it carry 4, after it 9
     long_body = {"input_ids": p, "sampling_params": {"temperature": 0, "max_new_tokens": 400, "min_new_tokens": 400}}
@@ -53,18 +68,23 @@ async def test_update_weights_from_disk_changes_outputs_and_versions(fresh_engin
     await wait_tokens(url, start + 3)
     await post(url, "/pause_generation", {"mode": "in_place"})
     k = (await stats(url))["tokens_out"] - start
-    r = await post(url, "/update_weights_from_disk", {"model_path": str(engine_model_dir), "weight_version": 9})
-    assert r.json()["weight_version"] == 9
+    r = await post(url, "/update_weights_from_disk", {"model_path": str(engine_model_dir), "weight_version": "9"})
+    assert r.status_code == 200 and r.json()["success"] is True
     await post(url, "/continue_generation", {})
     o = (await task).json()
     versions = o["meta_info"]["output_token_versions"]
     assert versions == [4] * k + [9] * (400 - k) and o["meta_info"]["weight_version"] == 9
-    async with __import__("httpx").AsyncClient() as h:
-        assert (await h.get(url + "/model_info")).json()["weight_version"] == "9"
-    # bad updates are 400s naming the problem, and the server keeps serving
-    r = await post(url, "/update_weights_from_disk", {"model_path": "/nonexistent/dir"})
-    assert r.status_code == 400 and "/nonexistent/dir" in r.json()["error"]
-    assert (await post(url, "/update_weights_from_disk", {})).status_code == 400
+    assert (await model_info(url))["weight_version"] == "9"
+    # a refused load is HTTP 400 with success=false naming the problem; a malformed request is HTTP 400
+    # without "success"; the server keeps serving, on the weights and version it had
+    r = await post(url, "/update_weights_from_disk", {"model_path": "/nonexistent/dir", "weight_version": "10"})
+    assert r.status_code == 400 and r.json()["success"] is False and "/nonexistent/dir" in r.json()["message"]
+    r = await post(url, "/update_weights_from_disk", {"model_path": str(bad_dir), "weight_version": "10"})
+    assert r.status_code == 400 and r.json()["success"] is False and "model.norm.weight" in r.json()["message"]
+    for bad in [{}, {"model_path": 3}, {"model_path": str(engine_model_dir), "weight_version": 10}, "[1]"]:
+        r = await post(url, "/update_weights_from_disk", bad)
+        assert r.status_code == 400 and "success" not in r.json(), bad
+    assert (await model_info(url))["weight_version"] == "9"
     ok = (await post(url, "/generate", body)).json()
     assert greedy_path(tiny_model, p, ok["output_ids"]) == ok["output_ids"]  # back on the original weights
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from asyncrl.weight_sync import resolve_transport
+from asyncrl.weight_sync import WeightSyncError, resolve_transport
 from asyncrl.weight_sync.bucketing import (
     TensorMeta,
     dtype_name,
@@ -84,5 +84,11 @@ def test_transport_follows_placement_unless_overridden(requested, cuda, colocate
 
 
 def test_unknown_transport_is_rejected_by_name():
-    with pytest.raises(ValueError, match="transport='ib'"):
+    with pytest.raises(WeightSyncError, match="transport='ib'") as err:
         resolve_transport("ib", False, False)
+    assert err.value.code == "config"
+
+
+def test_bucket_budget_is_checked_when_asked_not_at_the_first_bucket():
+    with pytest.raises(ValueError, match="bucket_bytes must be > 0, got 0"):
+        iter_buckets(iter([]), 0)

@@ -46,7 +46,8 @@ def moved(tiny_model_dir, tmp_path_factory):
 
 
 async def test_tensor_transport_to_a_colocated_embedded_engine(tiny_model_dir, moved):
-    from asyncrl.weight_sync.tensor import TensorSender
+    from asyncrl.weight_sync import WeightSender
+    from asyncrl.weight_sync.tensor import TensorTransport
 
     model, export = moved
     with launch_embedded(export, device="cuda", dtype="float32") as ref:
@@ -54,7 +55,7 @@ async def test_tensor_transport_to_a_colocated_embedded_engine(tiny_model_dir, m
     with launch_embedded(tiny_model_dir, device="cuda", dtype="float32") as eng:
         before = greedy(eng.url)
         assert before != want
-        sender = TensorSender(timeout_s=120)
+        sender = WeightSender(TensorTransport(timeout_s=120), timeout_s=120)
         await sender.connect([eng.url])
         report = await sender.sync(iter_buckets(model.named_parameters(), 1 << 16), version=1)
         await sender.close()
@@ -65,13 +66,14 @@ async def test_tensor_transport_to_a_colocated_embedded_engine(tiny_model_dir, m
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs the engine on another GPU than the sender")
 async def test_nccl_transport_to_an_embedded_engine_on_another_gpu(tiny_model_dir, moved):
-    from asyncrl.weight_sync.distributed import DistributedSender
+    from asyncrl.weight_sync import WeightSender
+    from asyncrl.weight_sync.distributed import GroupTransport
 
     model, export = moved
     with launch_embedded(export, device="cuda", dtype="float32", extra_env={"CUDA_VISIBLE_DEVICES": "1"}) as ref:
         want = greedy(ref.url)
     with launch_embedded(tiny_model_dir, device="cuda", dtype="float32", extra_env={"CUDA_VISIBLE_DEVICES": "1"}) as eng:
-        sender = DistributedSender("nccl", timeout_s=120)
+        sender = WeightSender(GroupTransport("nccl", timeout_s=120), timeout_s=120)
         await sender.connect([eng.url])
         report = await sender.sync(iter_buckets(model.named_parameters(), 1 << 16), version=1)
         await sender.close()
@@ -85,20 +87,23 @@ needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, re
 @needs_sglang
 @pytest.mark.parametrize("transport", ["tensor", "nccl"])
 async def test_same_sender_against_a_real_sglang_server(tiny_model_dir, moved, transport):
-    """One broadcast per tensor (SGLang advertises no coalescing), version as SGLang's string."""
+    """SGLang 0.5's contract: a session around the buckets, one broadcast per tensor (SGLang offers no
+    coalescing), version as a string, pause mode retract with flush_cache on the last bucket."""
     if transport == "nccl" and torch.cuda.device_count() < 2:
         pytest.skip("NCCL needs SGLang on another GPU than the sender")
     from asyncrl.config import EngineConfig
     from asyncrl.engine.launcher import launch_sglang
-    from asyncrl.weight_sync.distributed import DistributedSender
-    from asyncrl.weight_sync.tensor import TensorSender
+    from asyncrl.weight_sync import WeightSender
+    from asyncrl.weight_sync.distributed import GroupTransport
+    from asyncrl.weight_sync.tensor import TensorTransport
 
     model, export = moved
     env = {"CUDA_VISIBLE_DEVICES": "1"} if transport == "nccl" else None
     with launch_sglang(export, host="127.0.0.1", port=0, cfg=EngineConfig(type="sglang"), dtype="float32", extra_env=env) as ref:
         want = greedy(ref.url)
     with launch_sglang(tiny_model_dir, host="127.0.0.1", port=0, cfg=EngineConfig(type="sglang"), dtype="float32", extra_env=env) as eng:
-        sender = TensorSender(timeout_s=300) if transport == "tensor" else DistributedSender("nccl", timeout_s=300)
+        t = TensorTransport(timeout_s=300) if transport == "tensor" else GroupTransport("nccl", timeout_s=300)
+        sender = WeightSender(t, timeout_s=300)
         await sender.connect([eng.url])
         report = await sender.sync(iter_buckets(model.named_parameters(), 1 << 20), version=1)
         await sender.close()
