@@ -6,7 +6,6 @@ import textwrap
 
 import pytest
 
-from asyncrl import registry
 from asyncrl.agent_loop.base import run_episode
 from asyncrl.envs.interactions import AnswerFeedback, answers_match, extract_answer
 from asyncrl.tooling.loader import ToolConfigError, load_tool_specs, make_tools
@@ -40,23 +39,20 @@ USER_TOOL = textwrap.dedent('''
 ''')
 
 
-async def test_user_tool_file_loaded_as_plugin_and_called(tokenizer, tmp_path):
+async def test_user_tool_file_loaded_as_plugin_and_called(tokenizer, tmp_path, plugin_registry):
     path = tmp_path / "my_tool.py"
     path.write_text(USER_TOOL)
-    registry.load_source(str(path))
-    try:
-        cls = registry.get("tool", "reverse_words_user")
-        engine = ScriptedEngine(tokenizer, [call("reverse_words", {"text": "a b c"}), "Answer: 17"])
-        ctx, reward = make_ctx(tokenizer, engine, tools=[{"class_name": "reverse_words_user"}])
-        sample = make_sample(extra_info={"tools_kwargs": {"reverse_words": {"create_kwargs": {"seed": 3}}}})
-        traj = await run_episode(sample, ctx, "tool_agent")
-        d = enc(tokenizer, "\n<|im_start|>tool\nc b a<|im_end|>\n<|im_start|>assistant\n")
-        assert traj.response_ids.numpy().tolist() == engine.script[0] + d + engine.script[1]
-        assert cls.created == [("g0-0", {"seed": 3})] and cls.released == ["g0-0"]
-        assert reward.calls[0]["tool_rewards"] == [0.25]
-        assert '"name": "reverse_words"' in tokenizer.decode(traj.prompt_ids.numpy().tolist())
-    finally:
-        registry.unregister("tool", "reverse_words_user")
+    plugin_registry.load_source(str(path))
+    cls = plugin_registry.get("tool", "reverse_words_user")
+    engine = ScriptedEngine(tokenizer, [call("reverse_words", {"text": "a b c"}), "Answer: 17"])
+    ctx, reward = make_ctx(tokenizer, engine, tools=[{"class_name": "reverse_words_user"}])
+    sample = make_sample(extra_info={"tools_kwargs": {"reverse_words": {"create_kwargs": {"seed": 3}}}})
+    traj = await run_episode(sample, ctx, "tool_agent")
+    d = enc(tokenizer, "\n<|im_start|>tool\nc b a<|im_end|>\n<|im_start|>assistant\n")
+    assert traj.response_ids.numpy().tolist() == engine.script[0] + d + engine.script[1]
+    assert cls.created == [("g0-0", {"seed": 3})] and cls.released == ["g0-0"]
+    assert reward.calls[0]["tool_rewards"] == [0.25]
+    assert '"name": "reverse_words"' in tokenizer.decode(traj.prompt_ids.numpy().tolist())
 
 
 VERL_YAML = textwrap.dedent('''
