@@ -14,8 +14,8 @@ from asyncrl.config import EnvConfig, RetrieverConfig
 from asyncrl.data import read_rows, validate_row
 from asyncrl.envs.search_r1.corpus import load_corpus, make_world, split_questions, write_corpus
 from asyncrl.envs.search_r1.env import SearchR1Env, corpus_for, generate
+from asyncrl.envs.search_r1.launcher import start_retriever
 from asyncrl.envs.search_r1.retrieval import BM25Index
-from asyncrl.envs.search_r1.server import start_retriever
 
 
 def _cfg(**kw) -> EnvConfig:
