@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 from asyncrl.agent_loop.base import run_episode
+from asyncrl.config import InteractionSpec, ToolSpec, load_config
 from asyncrl.envs.interactions import AnswerFeedback, answers_match, extract_answer
 from asyncrl.tooling.loader import ToolConfigError, load_tool_specs, make_tools
 
@@ -91,8 +92,6 @@ async def test_verl_tool_yaml_loads_and_runs(tokenizer, tmp_path):
 
 @pytest.mark.parametrize("env,names", [("arithmetic", ["calculator"]), ("search_r1", ["search"])])
 def test_tool_specs_from_the_real_config_tree(env, names):
-    from asyncrl.config import ToolSpec, load_config
-
     cfg = load_config([f"env={env}"])
     assert all(isinstance(t, ToolSpec) for t in cfg.env.tools)
     specs = load_tool_specs(cfg.env.tools, cfg.env.tools_config)
@@ -116,8 +115,6 @@ def test_tool_config_errors_name_the_problem(tmp_path):
 
 
 async def test_interaction_configured_by_spec(tokenizer):
-    from asyncrl.config import InteractionSpec
-
     engine = ScriptedEngine(tokenizer, ["Answer: 16", "Answer: 17"])
     ctx, _ = make_ctx(tokenizer, engine)
     ctx.interactions = [InteractionSpec(name="one_try", class_name="answer_feedback", config={"max_attempts": 1})]
