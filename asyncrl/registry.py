@@ -81,10 +81,6 @@ def add(kind: str, name: str, obj: Any) -> None:
     _registry[kind][name] = Plugin(kind, name, obj, origin)
 
 
-def unregister(kind: str, name: str) -> None:
-    _registry[kind].pop(name, None)
-
-
 def load_entry_points() -> None:
     """Import every module named in the `asyncrl.plugins` entry-point group (once per process)."""
     global _entry_points_loaded

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
 from asyncrl.config import ModelConfig
 from asyncrl.models import resolve_model_dir
 
 
-def build_tiny_model(out_dir: str | Path, *, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:
-    """Write a randomly initialised (seeded) tiny LlamaForCausalLM plus the SmolLM2 tokenizer to `out_dir`."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
+def build_tiny_model(out_dir: str | Path, *, hidden: int = 64, layers: int = 2) -> Path:
+    """Write a randomly initialised (seed 0) tiny LlamaForCausalLM plus the SmolLM2 tokenizer to `out_dir`;
+    an `out_dir` that already holds one is returned as it is."""
     out = Path(out_dir)
     if (out / "config.json").is_file():
         return out
@@ -31,7 +32,7 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, hidden: int = 64, la
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )
-    torch.manual_seed(seed)
+    torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(torch.float32)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)

@@ -23,11 +23,14 @@ Train and val are disjoint (no val problem text appears in train) and each is a 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from asyncrl.config import EnvConfig
+from asyncrl.data import write_rows
 from asyncrl.env_api import Env
 from asyncrl.registry import register
 
@@ -225,11 +228,6 @@ class ArithmeticEnv(Env):
                             help=f"levels in 1..{MAX_LEVEL} (default: %(default)s)")
 
     def data_command(self, args: argparse.Namespace) -> int:
-        import json
-        from pathlib import Path
-
-        from asyncrl.data import write_rows
-
         cfg = replace(EnvConfig(), num_train=args.num_train, num_val=args.num_val, seed=args.seed,
                       difficulty=list(args.difficulty))
         out = Path(args.out)

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from asyncrl.config import EnvConfig
+from asyncrl.data import DataError, load_file, read_rows, write_rows
 from asyncrl.env_api import Env
 from asyncrl.registry import register
 
@@ -97,8 +99,6 @@ class GSM8KEnv(Env):
     name = "gsm8k"
 
     def build(self, cfg: EnvConfig, split: str) -> list[dict[str, Any]]:
-        from asyncrl.data import read_rows
-
         path = cfg.train_file if split == "train" else cfg.val_file
         if not path:
             raise ValueError(f"env gsm8k needs env.{'train' if split == 'train' else 'val'}_file: convert your GSM8K "
@@ -122,10 +122,6 @@ class GSM8KEnv(Env):
         parser.add_argument("--method", choices=METHODS, default=None, help="answer extraction for the reward")
 
     def data_command(self, args: argparse.Namespace) -> int:
-        import sys
-
-        from asyncrl.data import DataError, load_file, write_rows
-
         try:
             records = load_file(args.input)
         except DataError as e:

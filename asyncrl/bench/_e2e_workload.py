@@ -17,6 +17,7 @@ import math
 import random
 from typing import Any
 
+from asyncrl.engine.base import SamplingParams
 from asyncrl.env_api import Env, Sample, score
 from asyncrl.registry import register
 from asyncrl.schema import Trajectory, make_trajectory
@@ -80,8 +81,6 @@ class BenchAgent:
     """generate (long-tailed length) -> slow tool -> generate (short)."""
 
     async def run(self, sample: Sample, ctx: Any) -> Trajectory:
-        from asyncrl.engine.base import SamplingParams
-
         tok, cfg = ctx.tokenizer, ctx.cfg
         rng = _rng("len", sample.uid)
         text = tok.apply_chat_template(sample.messages, add_generation_prompt=True, tokenize=False)

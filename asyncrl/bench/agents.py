@@ -20,7 +20,22 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from typing import Any, Optional
+
+from transformers import AutoTokenizer
+
+from asyncrl.agent_loop.base import AgentContext, run_episode
+from asyncrl.agent_loop.chat import ChatFormat
+from asyncrl.agent_loop.tool_calls import ToolCall
+from asyncrl.agent_loop.tool_runner import ToolRunner
+from asyncrl.config import AgentConfig, ModelConfig
+from asyncrl.engine.base import GenerateResult
+from asyncrl.env_api import Sample
+from asyncrl.models import resolve_model_dir
+from asyncrl.tooling.base import Tool
+from asyncrl.tooling.loader import load_tool_specs
+from asyncrl.tools.python import PythonTool, netns_available
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,8 +54,6 @@ class ReplayEngine:
 
     async def generate(self, input_ids: list[int], sampling: Any, *, rid: Optional[str] = None,
                        session_id: Optional[str] = None) -> Any:
-        from asyncrl.engine.base import GenerateResult
-
         ids = self.replies[self.k % len(self.replies)][: sampling.max_new_tokens]
         self.k += 1
         return GenerateResult(output_ids=ids, logprobs=[-1.0] * len(ids), versions=[0] * len(ids),
@@ -48,17 +61,10 @@ class ReplayEngine:
 
 
 def _tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    from asyncrl.config import ModelConfig
-    from asyncrl.models import resolve_model_dir
-
     return AutoTokenizer.from_pretrained(resolve_model_dir(ModelConfig()))
 
 
 def bench_delta(tok: Any, turns: int, repeats: int) -> dict[str, float]:
-    from asyncrl.agent_loop.chat import ChatFormat
-
     chat = ChatFormat(tok)
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     gen = tok.encode('<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 7 + 3"}}</tool_call>',
@@ -84,19 +90,12 @@ def bench_delta(tok: Any, turns: int, repeats: int) -> dict[str, float]:
 
 
 async def bench_parallel_tools(tok: Any, calls: int, sleep_s: float) -> dict[str, float]:
-    from asyncrl.agent_loop.tool_runner import ToolRunner
-    from asyncrl.agents.parsers import ToolCall
-    from asyncrl.config import AgentConfig
-    from asyncrl.tooling.base import Tool
-
     class SleepTool(Tool):
         name = "sleep"
 
         async def execute(self, instance_id: str, params: dict) -> tuple[str, float, dict]:
             await asyncio.sleep(sleep_s)
             return "done", 0.0, {}
-
-    from collections import Counter
 
     times = {}
     for conc in (calls, 1):
@@ -109,8 +108,6 @@ async def bench_parallel_tools(tok: Any, calls: int, sleep_s: float) -> dict[str
 
 
 async def bench_sandbox(repeats: int) -> dict[str, float]:
-    from asyncrl.tools.python import PythonTool, netns_available
-
     tool = PythonTool()
     await tool.create("b")
     sand, bare = [], []
@@ -129,11 +126,6 @@ async def bench_sandbox(repeats: int) -> dict[str, float]:
 
 
 async def bench_loop(tok: Any, episodes: int) -> dict[str, float]:
-    from asyncrl.agent_loop.base import AgentContext, run_episode
-    from asyncrl.config import AgentConfig
-    from asyncrl.env_api import Sample
-    from asyncrl.tooling.loader import load_tool_specs
-
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     replies = [tok.encode(t, add_special_tokens=False) + [im_end] for t in (
         '<tool_call>{"name": "calculator", "arguments": {"expression": "3*4"}}</tool_call>',

@@ -25,10 +25,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 
 import numpy as np
+import ray
+import zmq
 
+from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer
 from asyncrl.net import free_port
+from asyncrl.schema import Array, Trajectory, encode
 
 UID_WIDTH = 12  # uids are "p<k>-<index>" padded to a fixed width so the template can be patched
 
@@ -50,8 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def template(tokens: int, group_size: int = 8) -> bytes:
     """A realistic trajectory: 1/4 prompt, 3/4 response with two tool turns, readable messages."""
-    from asyncrl.schema import Array, Trajectory, encode
-
     rng = np.random.default_rng(0)
     p = tokens // 4
     r = tokens - p
@@ -83,8 +86,6 @@ def payload(tmpl: bytes, producer: int, index: int, group_size: int) -> bytes:
 
 
 def _asyncrl_producer(addr, k, n, tokens, group_size, window, barrier):
-    from asyncrl.buffer.client import AsyncBufferProducer
-
     tmpl = template(tokens, group_size)
 
     async def main():
@@ -104,8 +105,6 @@ def _asyncrl_producer(addr, k, n, tokens, group_size, window, barrier):
 
 
 def _zmq_producer(addr, k, n, tokens, group_size, barrier):
-    import zmq
-
     tmpl = template(tokens, group_size)
     ctx = zmq.Context()
     s = ctx.socket(zmq.PUSH)
@@ -138,8 +137,6 @@ def _per_producer(a) -> int:
 
 
 def run_asyncrl(a) -> tuple[float, int]:
-    from asyncrl.buffer.client import BufferConsumer
-
     per = _per_producer(a)
     wal = tempfile.mkdtemp(prefix="asyncrl-bench-wal-")
     srv = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "buffer", "--wal-dir", wal, "--fsync", a.fsync,
@@ -178,8 +175,6 @@ def run_asyncrl(a) -> tuple[float, int]:
 
 
 def run_zmq(a) -> tuple[float, int]:
-    import zmq
-
     per = _per_producer(a)
     ctx = zmq.Context()
     s = ctx.socket(zmq.PULL)
@@ -201,13 +196,9 @@ def run_zmq(a) -> tuple[float, int]:
 
 
 def run_ray(a) -> tuple[float, int]:
-    import ray
-
     @ray.remote
     class RayQueue:  # the shape of verl's async message queue: put one, get many
         def __init__(self):
-            from collections import deque
-
             self.q = deque()
 
         def put(self, obj) -> bool:

@@ -15,6 +15,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from asyncrl.config import load_config
+from asyncrl.controller import run as train
+from asyncrl.metrics import read_metrics
+from asyncrl.testing import build_tiny_model
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=8)
@@ -61,11 +66,6 @@ def summarize(metrics: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from asyncrl.config import load_config
-    from asyncrl.controller import run as train
-    from asyncrl.metrics import read_metrics
-    from asyncrl.testing import build_tiny_model
-
     root = Path(args.out or tempfile.mkdtemp(prefix="asyncrl-bench-e2e-"))
     model = args.model_path or str(build_tiny_model(root / "model", hidden=128, layers=4))
     results = {}

@@ -20,6 +20,15 @@ import random
 import time
 from typing import Any
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from asyncrl.config import ModelConfig
+from asyncrl.engine.base import SamplingParams
+from asyncrl.engine.client import EngineClient
+from asyncrl.engine.launcher import launch_embedded
+from asyncrl.models import resolve_model_dir
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=64)
@@ -48,9 +57,6 @@ def workload(n: int, long_len: int, long_every: int, min_prompt: int, max_prompt
 
 
 async def _engine_run(url: str, work: list[tuple[list[int], int]]) -> float:
-    from asyncrl.engine.base import SamplingParams
-    from asyncrl.engine.client import EngineClient
-
     async with EngineClient(url, timeout_s=3600) as client:
         await client.generate(work[0][0][:8], SamplingParams(temperature=0, max_new_tokens=2))  # warm-up
         t0 = time.perf_counter()
@@ -66,8 +72,6 @@ async def _engine_run(url: str, work: list[tuple[list[int], int]]) -> float:
 
 
 def _static_run(model: Any, work: list[tuple[list[int], int]], batch: int, pad_id: int) -> float:
-    import torch
-
     model.generate(torch.tensor([work[0][0][:8]]), max_new_tokens=2, do_sample=False)  # warm-up
     t0 = time.perf_counter()
     for s in range(0, len(work), batch):
@@ -85,7 +89,7 @@ def _static_run(model: Any, work: list[tuple[list[int], int]], batch: int, pad_i
 
 
 def _cb_run(model: Any, work: list[tuple[list[int], int]], batch: int) -> float:
-    from transformers import GenerationConfig
+    # (c) only, which --skip-cb leaves out: this API has moved between transformers releases
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     gen = GenerationConfig(max_new_tokens=max(n for _, n in work), do_sample=False, eos_token_id=-1)
@@ -113,13 +117,6 @@ def _cb_run(model: Any, work: list[tuple[list[int], int]], batch: int) -> float:
 
 
 def run(args: argparse.Namespace) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from asyncrl.config import ModelConfig
-    from asyncrl.engine.launcher import launch_embedded
-    from asyncrl.models import resolve_model_dir
-
     model_dir = args.model_path or str(resolve_model_dir(ModelConfig()))
     tok = AutoTokenizer.from_pretrained(model_dir)
     work = workload(args.requests, args.max_new_tokens, args.long_every, args.min_prompt, args.max_prompt,

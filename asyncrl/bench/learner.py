@@ -16,6 +16,11 @@ import argparse
 import time
 
 import numpy as np
+import torch
+
+from asyncrl.config import AlgorithmConfig, Config, ModelConfig
+from asyncrl.learner.worker import LearnerWorker
+from asyncrl.schema import Batch, Group, make_trajectory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,8 +42,6 @@ def lengths_long_tailed(n: int, lo: int, hi: int, seed: int) -> list[int]:
 
 
 def make_batch(lengths: list[int], vocab: int, seed: int):
-    from asyncrl.schema import Batch, Group, make_trajectory
-
     rng = np.random.default_rng(seed + 1)
     trajs = []
     for i, n in enumerate(lengths):
@@ -54,11 +57,6 @@ def make_batch(lengths: list[int], vocab: int, seed: int):
 
 
 def run(args: argparse.Namespace) -> dict:
-    import torch
-
-    from asyncrl.config import AlgorithmConfig, Config, ModelConfig
-    from asyncrl.learner.worker import LearnerWorker
-
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = Config(model=ModelConfig(path=args.model_path) if args.model_path else ModelConfig(),

@@ -19,6 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from asyncrl.envs.search_r1.corpus import make_world, write_corpus
+from asyncrl.envs.search_r1.launcher import start_retriever
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--questions", type=int, default=4096, help="world size, in questions")
@@ -35,11 +40,6 @@ def _title(hit: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import httpx
-
-    from asyncrl.envs.search_r1.corpus import make_world, write_corpus
-    from asyncrl.envs.search_r1.server import start_retriever
-
     world = make_world(args.seed, args.questions)
     questions = world.questions()
     queries = [q.question for q in questions]

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from asyncrl.net import free_port
 
@@ -52,6 +53,4 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
 
     fn must be importable (a module-level function) since each rank is a fresh interpreter.
     """
-    import torch.multiprocessing as mp
-
     mp.spawn(_entry, args=(fn, world_size, free_port(), args), nprocs=world_size, join=True)

@@ -16,16 +16,15 @@ import tempfile
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.config import Config, ModelConfig, from_dict
+from asyncrl.learner import checkpoint as ckpt
+from asyncrl.models import load_model, resolve_model_dir
 
 
 def save_hf(state_dict: dict[str, torch.Tensor], model_cfg: ModelConfig, out_dir: Path) -> Path:
     """Write `state_dict` (full, unsharded) as an HF directory of the configured model's architecture."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from asyncrl.models import resolve_model_dir
-
     src = resolve_model_dir(model_cfg)
     config = AutoConfig.from_pretrained(src)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -53,9 +52,6 @@ def save_hf(state_dict: dict[str, torch.Tensor], model_cfg: ModelConfig, out_dir
 
 def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Load the model state of a `LearnerWorker.save_checkpoint` directory and write it as an HF directory."""
-    from asyncrl.learner import checkpoint as ckpt
-    from asyncrl.models import load_model
-
     cfg: Config = from_dict(Config, ckpt.read_config(checkpoint))
     model = load_model(cfg.model, device="cpu", dtype="float32")
     ckpt.load(checkpoint, model, None)
@@ -68,11 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from asyncrl.learner.checkpoint import CheckpointError
-
     try:
         out = export_checkpoint(args.checkpoint, args.out)
-    except CheckpointError as e:
+    except ckpt.CheckpointError as e:
         print(f"asyncrl export: {e}", file=sys.stderr)
         return 1
     print(out)

@@ -155,6 +155,8 @@ def build_micro_batch(seqs: Sequence[SeqSpec], seq_index: Sequence[int], packing
 
 def _supports_2d_logits_to_keep() -> bool:
     """Newer transformers (slice_logits_to_keep) accept a boolean [rows, L] logits_to_keep; older ones only ints/1D."""
+    # Local: transformers.modeling_utils takes seconds to import, and the planning half of this module
+    # (and asyncrl.learner's math) stays torch-only; only a model forward asks this.
     import transformers.modeling_utils as mu
 
     return hasattr(mu, "slice_logits_to_keep")

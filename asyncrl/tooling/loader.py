@@ -18,6 +18,8 @@ import copy
 from pathlib import Path
 from typing import Any, Optional
 
+from omegaconf import OmegaConf
+
 from asyncrl import registry
 from asyncrl.config import ToolSpec
 
@@ -61,8 +63,6 @@ def _check_schema(schema: Any, where: str) -> None:
 
 
 def read_tools_yaml(path: str | Path) -> list[Any]:
-    from omegaconf import OmegaConf
-
     p = Path(path).expanduser()
     if not p.is_file():
         raise ToolConfigError(f"env.tools_config: file {str(path)!r} not found (looked at {p.resolve()})")

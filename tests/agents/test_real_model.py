@@ -17,10 +17,14 @@ from typing import Optional
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from asyncrl.agent_loop.base import run_episode
 from asyncrl.config import SamplingConfig
+from asyncrl.engine import launcher
 from asyncrl.engine.base import GenerateResult, SamplingParams
+from asyncrl.engine.client import EngineClient
+from asyncrl.envs.interactions import extract_answer
 
 from .helpers import enc, make_ctx, make_sample
 
@@ -52,8 +56,6 @@ class HFGreedyStandIn:
 
 @pytest.fixture(scope="module")
 def model(tiny_model_dir):
-    from transformers import AutoModelForCausalLM
-
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
@@ -89,8 +91,6 @@ def split_turns(traj) -> list[list[int]]:
 
 
 def expected_feedback_delta(tokenizer, g1: list[int], answer_text: str) -> list[int]:
-    from asyncrl.envs.interactions import extract_answer
-
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     closing = "\n" if g1[-1] == im_end else "<|im_end|>\n"
     shown = extract_answer(answer_text) or "(none found)"
@@ -125,9 +125,6 @@ async def test_stand_in_model_token_accounting(tokenizer, model):
 
 @pytest.mark.timeout(240)
 async def test_real_embedded_engine_token_accounting(tokenizer, model, tiny_model_dir):
-    from asyncrl.engine import launcher
-    from asyncrl.engine.client import EngineClient
-
     with launcher.launch_embedded(tiny_model_dir, threads=1, max_running_seqs=4, startup_timeout_s=180) as proc:
         client = EngineClient(proc.url, timeout_s=60)
         try:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl import registry
 from asyncrl.config import load_config
 from asyncrl.tooling.base import ToolError
 from asyncrl.tooling.loader import load_tool_specs, make_tools
@@ -17,7 +16,7 @@ from asyncrl.tooling.loader import load_tool_specs, make_tools
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def test_readme_plugin_example(tmp_path, monkeypatch):
+def test_readme_plugin_example(tmp_path, monkeypatch, plugin_registry):
     text = README.read_text()
     code = re.search(r"```python\n# my_tools.py\n(.*?)```", text, re.S).group(1)
     command = re.search(r"```bash\n(asyncrl train plugins=.*?)\n```", text, re.S).group(1)
@@ -25,13 +24,10 @@ def test_readme_plugin_example(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     overrides = shlex.split(command)[2:]
     cfg = load_config(overrides)
-    try:
-        registry.load_all(cfg.plugins)
-        tools = make_tools(load_tool_specs(cfg.env.tools, cfg.env.tools_config), {})
-        assert list(tools) == ["word_count"]
-        tool = tools["word_count"]
-        assert asyncio.run(tool.execute("i0", {"text": "one two  three"})) == ("3", 0.0, {})
-        with pytest.raises(ToolError, match="empty"):
-            asyncio.run(tool.execute("i0", {"text": "  "}))
-    finally:
-        registry.unregister("tool", "word_count")
+    plugin_registry.load_all(cfg.plugins)
+    tools = make_tools(load_tool_specs(cfg.env.tools, cfg.env.tools_config), {})
+    assert list(tools) == ["word_count"]
+    tool = tools["word_count"]
+    assert asyncio.run(tool.execute("i0", {"text": "one two  three"})) == ("3", 0.0, {})
+    with pytest.raises(ToolError, match="empty"):
+        asyncio.run(tool.execute("i0", {"text": "  "}))

@@ -1,40 +1,33 @@
+import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from asyncrl import registry
 
-
-def test_decorator_registers_and_duplicate_is_an_error():
-    @registry.register("tool", "dup_probe_tool")
+def test_decorator_registers_and_duplicate_is_an_error(plugin_registry):
+    @plugin_registry.register("tool", "dup_probe_tool")
     class A:
         pass
 
-    try:
-        assert registry.get("tool", "dup_probe_tool") is A
-        with pytest.raises(registry.PluginError, match="duplicate tool plugin 'dup_probe_tool'"):
-            registry.add("tool", "dup_probe_tool", object())
-    finally:
-        registry.unregister("tool", "dup_probe_tool")
+    assert plugin_registry.get("tool", "dup_probe_tool") is A
+    with pytest.raises(plugin_registry.PluginError, match="duplicate tool plugin 'dup_probe_tool'"):
+        plugin_registry.add("tool", "dup_probe_tool", object())
 
 
-def test_unknown_name_lists_registered():
-    registry.add("reward", "probe_reward", lambda **kw: 0.0)
-    try:
-        with pytest.raises(registry.PluginError, match=r"unknown reward 'nope'; registered rewards: .*probe_reward"):
-            registry.get("reward", "nope")
-    finally:
-        registry.unregister("reward", "probe_reward")
+def test_unknown_name_lists_registered(plugin_registry):
+    plugin_registry.add("reward", "probe_reward", lambda **kw: 0.0)
+    with pytest.raises(plugin_registry.PluginError, match=r"unknown reward 'nope'; registered rewards: .*probe_reward"):
+        plugin_registry.get("reward", "nope")
 
 
-def test_unknown_kind_is_an_error():
-    with pytest.raises(registry.PluginError, match="unknown plugin kind 'widget'"):
-        registry.register("widget", "x")
+def test_unknown_kind_is_an_error(plugin_registry):
+    with pytest.raises(plugin_registry.PluginError, match="unknown plugin kind 'widget'"):
+        plugin_registry.register("widget", "x")
 
 
-def test_plugin_file_from_config(tmp_path):
+def test_plugin_file_from_config(tmp_path, plugin_registry):
     f = tmp_path / "my_reward.py"
     f.write_text(textwrap.dedent("""
         from asyncrl.registry import register
@@ -43,18 +36,15 @@ def test_plugin_file_from_config(tmp_path):
         def file_probe_reward(**kw):
             return 1.0
     """))
-    registry.load_source(str(f))
-    try:
-        p = [p for p in registry.all_plugins() if p.name == "file_probe_reward"][0]
-        assert p.origin == f"config {f}"
-        assert registry.get("reward", "file_probe_reward")() == 1.0
-    finally:
-        registry.unregister("reward", "file_probe_reward")
+    plugin_registry.load_source(str(f))
+    p = [p for p in plugin_registry.all_plugins() if p.name == "file_probe_reward"][0]
+    assert p.origin == f"config {f}"
+    assert plugin_registry.get("reward", "file_probe_reward")() == 1.0
 
 
-def test_missing_plugin_file_names_path(tmp_path):
-    with pytest.raises(registry.PluginError, match="plugin file .*nothere.py.* not found"):
-        registry.load_source(str(tmp_path / "nothere.py"))
+def test_missing_plugin_file_names_path(tmp_path, plugin_registry):
+    with pytest.raises(plugin_registry.PluginError, match="plugin file .*nothere.py.* not found"):
+        plugin_registry.load_source(str(tmp_path / "nothere.py"))
 
 
 def test_tool_from_entry_points_of_an_installed_distribution(tmp_path):
@@ -87,7 +77,7 @@ def test_tool_from_entry_points_of_an_installed_distribution(tmp_path):
     )
     code = "from asyncrl import registry; print(registry.get('tool', 'entry_point_probe').__name__); " \
            "print([p.origin for p in registry.all_plugins() if p.name == 'entry_point_probe'][0])"
-    env = {**__import__("os").environ, "PYTHONPATH": str(target)}
+    env = {**os.environ, "PYTHONPATH": str(target)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     name, origin = out.stdout.split("\n")[:2]

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from asyncrl.cli import main
 from asyncrl.config import EnvConfig
 from asyncrl.data import read_rows, validate_row
 from asyncrl.env_api import resolve_env
@@ -84,8 +85,6 @@ def test_bad_difficulty_is_named(bad):
 
 
 def test_data_command_writes_train_and_val(tmp_path):
-    from asyncrl.cli import main
-
     rc = main(["data", "arithmetic", "--out", str(tmp_path), "--num-train", "30", "--num-val", "5", "--seed", "7"])
     assert rc == 0
     train = read_rows(tmp_path / "train.parquet")

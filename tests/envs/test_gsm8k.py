@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from asyncrl.cli import main
 from asyncrl.config import EnvConfig
 from asyncrl.data import read_rows, write_rows
 from asyncrl.envs.gsm8k import GSM8KEnv, convert, gold_from_solution
@@ -51,15 +54,10 @@ def test_convert_names_the_bad_record(rec, msg):
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_data_gsm8k_cli_converts_jsonl_and_parquet(tmp_path, fmt):
-    from asyncrl.cli import main
-
     src = tmp_path / f"gsm8k.{fmt}"
     if fmt == "jsonl":
         src.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
     else:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         pq.write_table(pa.Table.from_pylist(RECORDS), src)
     out = tmp_path / "out"
     rc = main(["data", "gsm8k", "--input", str(src), "--out", str(out), "--split", "train", "--agent-name", "react",
@@ -74,8 +72,6 @@ def test_data_gsm8k_cli_converts_jsonl_and_parquet(tmp_path, fmt):
 
 
 def test_data_gsm8k_cli_rejects_bad_json(tmp_path):
-    from asyncrl.cli import main
-
     src = tmp_path / "g.jsonl"
     src.write_text(json.dumps(RECORDS[0]) + "\n")
     with pytest.raises(SystemExit, match="--tools-kwargs is not JSON"):

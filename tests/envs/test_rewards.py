@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from asyncrl.config import EnvConfig
 from asyncrl.envs import arithmetic, gsm8k
 from asyncrl.envs.rewards import extract_answer_tag, extract_gsm8k, normalize_answer, parse_number
 from asyncrl.envs.search_r1 import env as search_r1
@@ -54,8 +55,6 @@ def test_arithmetic_format_reward(text, want_score, want_formatted):
 
 
 def test_arithmetic_format_reward_reaches_train_rows_only_and_is_validated():
-    from asyncrl.config import EnvConfig
-
     env = arithmetic.ArithmeticEnv()
     cfg = EnvConfig(name="arithmetic", num_train=8, num_val=4, options={"format_reward": 0.1})
     assert all(r["extra_info"]["format_reward"] == 0.1 for r in env.build(cfg, "train"))

@@ -15,12 +15,17 @@ import json
 import math
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.agent_loop.base import AgentContext, run_episode
 from asyncrl.config import AgentConfig, EnvConfig, ToolSpec
 from asyncrl.engine.base import GenerateResult, SamplingParams
+from asyncrl.engine.client import EngineClient
+from asyncrl.engine.launcher import launch_embedded
 from asyncrl.env_api import Sample, resolve_reward_fn
 from asyncrl.envs.search_r1.env import SearchR1Env
+from asyncrl.tooling.loader import load_tool_specs
 
 
 class ForcedPolicy:
@@ -33,8 +38,6 @@ class ForcedPolicy:
         self.inputs: list[list[int]] = []
 
     async def generate(self, input_ids, sampling: SamplingParams, *, rid=None, session_id=None) -> GenerateResult:
-        import torch
-
         k = len(self.inputs)
         self.inputs.append(list(input_ids))
         out = (self.tok.encode(self.script[k], add_special_tokens=False) + [self.im_end])[: sampling.max_new_tokens]
@@ -60,11 +63,6 @@ def _sample(row: dict) -> Sample:
 
 @pytest.mark.timeout(120)
 async def test_tool_agent_searches_twice_and_answers(tiny_model_dir):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from asyncrl.tooling.loader import load_tool_specs
-
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     env, cfg = SearchR1Env(), _env_cfg()
@@ -96,12 +94,6 @@ async def test_tool_agent_searches_twice_and_answers(tiny_model_dir):
 
 @pytest.mark.timeout(240)
 async def test_sampled_episode_on_the_real_engine(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    from asyncrl.engine.client import EngineClient
-    from asyncrl.engine.launcher import launch_embedded
-    from asyncrl.tooling.loader import load_tool_specs
-
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     env, cfg = SearchR1Env(), _env_cfg()
     row = env.build(cfg, "train")[3]

