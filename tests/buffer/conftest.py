@@ -89,7 +89,8 @@ def buffer_process():
         p.terminate()
 
 
-def wait_until(pred, timeout=5.0):
+def wait_until(pred, timeout=60.0):
+    """Poll `pred` until it holds (True) or `timeout` passes (False); generous for a loaded machine."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         if pred():

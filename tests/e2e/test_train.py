@@ -159,7 +159,11 @@ def test_resume_trains_only_untrained_batches_and_loses_none(tiny_model_dir, tmp
         while time.time() < deadline:  # kill once step 3 is trained: after checkpoint 2, before 4
             if (out / "trained_uids.jsonl").exists() and len(_trained(out)) >= 3:
                 break
+            if proc.poll() is not None:
+                pytest.fail(f"the run ended (exit {proc.returncode}) before step 3 was trained")
             time.sleep(0.2)
+        else:
+            pytest.fail("step 3 was not trained within 300 s")
         _kill_tree(proc)  # the crash: the run and everything it started, nothing else on the host
     finally:
         if proc.poll() is None:
