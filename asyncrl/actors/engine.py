@@ -28,7 +28,7 @@ class EngineActor:
         if e.type == "sglang":
             from asyncrl.engine.launcher import launch_sglang
 
-            self.proc = launch_sglang(self.model_dir, host=e.host, port=self.port, cfg=e)
+            self.proc = launch_sglang(self.model_dir, host=e.host, port=self.port, cfg=e, weight_version=self.version)
         else:
             from asyncrl.engine.launcher import launch_embedded
 

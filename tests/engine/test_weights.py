@@ -38,13 +38,14 @@ async def test_update_weights_from_disk_changes_outputs_and_versions(fresh_engin
     body = {"input_ids": p, "sampling_params": {"temperature": 0, "max_new_tokens": 12, "min_new_tokens": 12}}
     before = (await post(url, "/generate", body)).json()
     assert before["output_ids"] == greedy_reference(tiny_model, p, 12)
-    assert before["meta_info"]["weight_version"] == 3
+    assert before["meta_info"]["weight_version"] == "3"
 
     r = await post(url, "/update_weights_from_disk", {"model_path": str(other_model_dir)})
     assert r.status_code == 200 and r.json()["success"] and r.json()["weight_version"] == 4  # no version: +1
     after = (await post(url, "/generate", body)).json()
     assert after["output_ids"] == greedy_reference(other, p, 12) != before["output_ids"]
-    assert after["meta_info"]["weight_version"] == 4 and after["meta_info"]["output_token_versions"] == [4] * 12
+    assert after["meta_info"]["weight_versions"] == [{"version": "4", "start": 0, "end": 12}]
+    assert after["meta_info"]["weight_version"] == "4"
 
     # a request that spans an update: tokens before it carry 4, after it 9
     long_body = {"input_ids": p, "sampling_params": {"temperature": 0, "max_new_tokens": 400, "min_new_tokens": 400}}
@@ -57,8 +58,9 @@ async def test_update_weights_from_disk_changes_outputs_and_versions(fresh_engin
     assert r.json()["weight_version"] == 9
     await post(url, "/continue_generation", {})
     o = (await task).json()
-    versions = o["meta_info"]["output_token_versions"]
-    assert versions == [4] * k + [9] * (400 - k) and o["meta_info"]["weight_version"] == 9
+    spans = o["meta_info"]["weight_versions"]  # SGLang's shape: runs of output tokens per version
+    assert spans == [{"version": "4", "start": 0, "end": k}, {"version": "9", "start": k, "end": 400}]
+    assert o["meta_info"]["weight_version"] == "9"
     async with __import__("httpx").AsyncClient() as h:
         assert (await h.get(url + "/model_info")).json()["weight_version"] == "9"
     # bad updates are 400s naming the problem, and the server keeps serving

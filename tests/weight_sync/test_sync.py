@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from asyncrl.config import Config, ModelConfig
+from asyncrl.engine.base import SamplingParams
+from asyncrl.engine.client import EngineClient
 from asyncrl.engine.launcher import launch_embedded
 from asyncrl.weight_sync import WeightMismatchError
 from asyncrl.weight_sync.bucketing import iter_buckets
-from asyncrl.weight_sync.continuation import generate_continuing
 from asyncrl.weight_sync.disk import DiskSender
 from asyncrl.weight_sync.distributed import DistributedSender
 
@@ -117,7 +118,7 @@ async def test_gloo_sync_equals_fresh_engine_from_export(engines, learner, base_
         assert greedy(u) == ref_out
         assert version_of(u) == 1
         r = generate_reply(u, [5, 6])
-        assert r["meta_info"]["weight_version"] == 1 and set(r["meta_info"]["output_token_versions"]) == {1}
+        assert r["meta_info"]["weight_version"] == "1" and {s["version"] for s in r["meta_info"]["weight_versions"]} == {"1"}
 
 
 @pytest.mark.parametrize("bad,needle", [
@@ -147,11 +148,12 @@ async def test_mismatch_is_an_error_naming_the_tensor_and_changes_nothing(engine
 
 
 async def _inflight_during_sync(url: str, urls: list[str], learner, mode: str) -> tuple[dict, int]:
-    """A 1500-token greedy request decoding on `url` while all engines sync; (its result, old version)."""
+    """A 1500-token greedy request decoding on `url` (through EngineClient, which continues a
+    generation a sync in abort mode cut short) while all engines sync; (its result, old version)."""
     version = version_of(url) + 1
-    async with httpx.AsyncClient(trust_env=False) as client:
-        sp = {"temperature": 0.0, "max_new_tokens": 1500, "ignore_eos": True}
-        task = asyncio.ensure_future(generate_continuing(client, url, [1, 2, 3], sp))
+    async with httpx.AsyncClient(trust_env=False) as client, EngineClient(url) as engine:
+        sp = SamplingParams(temperature=0.0, max_new_tokens=1500, min_new_tokens=1500)
+        task = asyncio.ensure_future(engine.generate([1, 2, 3], sp))
         while (await client.get(url + "/stats")).json()["running"] == 0:  # the request is decoding now
             await asyncio.sleep(0.02)
         sender = DistributedSender("gloo", timeout_s=60, mode=mode)
@@ -161,13 +163,15 @@ async def _inflight_during_sync(url: str, urls: list[str], learner, mode: str) -
         finally:
             await sender.close()
         assert report.ok
-        return await task, version - 1
+        res = await task
+        return {"output_ids": res.output_ids, "versions": res.versions, "finish_reason": res.finish_reason,
+                "continued": engine.continued}, version - 1
 
 
 async def test_abort_mode_partial_output_is_continued_on_new_weights(engines, learner):
     urls = [e.url for e in engines]
     out, v = await _inflight_during_sync(urls[0], urls, learner, "abort")
-    assert out["rounds"] == ["abort", "length"] and len(out["output_ids"]) == 1500
+    assert out["continued"] == 1 and out["finish_reason"] == "length" and len(out["output_ids"]) == 1500
     k = out["versions"].index(v + 1)  # tokens before the switch carry v, after it v + 1, never mixed back
     assert 0 < k < 1500 and out["versions"] == [v] * k + [v + 1] * (1500 - k)
 
@@ -175,7 +179,7 @@ async def test_abort_mode_partial_output_is_continued_on_new_weights(engines, le
 async def test_in_place_mode_keeps_the_request_running_across_the_switch(engines, learner):
     urls = [e.url for e in engines]
     out, v = await _inflight_during_sync(urls[1], urls, learner, "in_place")
-    assert out["rounds"] == ["length"] and len(out["output_ids"]) == 1500
+    assert out["continued"] == 0 and out["finish_reason"] == "length" and len(out["output_ids"]) == 1500
     k = out["versions"].index(v + 1)
     assert 0 < k < 1500 and out["versions"] == [v] * k + [v + 1] * (1500 - k)
 
