@@ -266,6 +266,13 @@ class Config:
     def __post_init__(self) -> None:
         if self.trainer.mode == "sync" and self.algorithm.max_staleness != 0:  # the one place sync means eta 0
             self.algorithm = dataclasses.replace(self.algorithm, max_staleness=0)
+        # SGLang reports the logprob after its min_new_tokens ban on stop tokens (renormalized), the
+        # learner before it (asyncrl/engine/sampling.py): the importance ratios would be wrong
+        min_new = self.agent.sampling.min_new_tokens
+        _check(not (self.engine.type == "sglang" and min_new > 0), "agent.sampling.min_new_tokens",
+               f"{min_new} with engine.type=sglang: SGLang reports the logprob after its min_new_tokens ban "
+               "on stop tokens, asyncrl's learner before it, so the importance ratios would be wrong; set "
+               "agent.sampling.min_new_tokens=0 or use engine.type=embedded")
 
 
 # ----------------------------------------------------------------------------- conversion

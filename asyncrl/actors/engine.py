@@ -12,6 +12,8 @@ from typing import Optional
 import ray
 
 from asyncrl.config import Config
+from asyncrl.engine.launcher import launch_embedded, launch_sglang
+from asyncrl.models import default_device
 from asyncrl.net import free_port
 
 
@@ -27,14 +29,10 @@ class EngineActor:
         """Launch the server on `model_dir`, whose weights are policy version `weight_version`."""
         e = self.cfg.engine
         if e.type == "sglang":
-            from asyncrl.engine.launcher import launch_sglang
-
-            self.proc = launch_sglang(self.model_dir, host=e.host, port=self.port, cfg=e)
+            self.proc = launch_sglang(self.model_dir, host=e.host, port=self.port, cfg=e, weight_version=weight_version)
         else:
-            from asyncrl.engine.launcher import launch_embedded
-
             self.proc = launch_embedded(
-                self.model_dir, host=e.host, port=self.port, device=e.device or _default_device(),
+                self.model_dir, host=e.host, port=self.port, device=e.device or default_device(),
                 dtype=_dtype(e.dtype), max_running_seqs=e.max_running_seqs, weight_version=weight_version,
                 startup_timeout_s=e.launch_timeout_s, threads=self.threads,
                 extra_env={"OMP_NUM_THREADS": str(self.threads)} if self.threads else None,
@@ -64,13 +62,7 @@ class EngineActor:
             self.proc = None
 
 
-def _default_device() -> str:
-    from asyncrl.models import default_device
-
-    return default_device()
-
-
 def _dtype(name: str) -> str:
     if name != "auto":
         return name
-    return "bfloat16" if _default_device().startswith("cuda") else "float32"
+    return "bfloat16" if default_device().startswith("cuda") else "float32"

@@ -20,7 +20,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     max_new_tokens: int = 128
     min_new_tokens: int = 0
     stop_token_ids: list[int] = []
-    seed: Optional[int] = None
+    sampling_seed: Optional[int] = None  # SGLang's name (it refuses `seed`)
 
     def to_sglang(self) -> dict:
         d = {f: getattr(self, f) for f in self.__struct_fields__ if getattr(self, f) is not None}

@@ -1,4 +1,4 @@
-"""Start (or attach to) engine servers and wait until they answer /health.
+"""Start (or attach to) engine servers and wait until they answer /health (attach: /model_info).
 
 `launch_embedded(...)` spawns `python -m asyncrl.engine.cli serve ...`; with port 0 the server
 picks a free port and writes it to a port file that the launcher reads. `launch_sglang(...)`
@@ -40,7 +40,7 @@ class EngineProcess:
 
     def alive(self) -> bool:
         if self.proc is None:
-            return _healthy(self.url, timeout=2.0)
+            return answers(self.url, timeout=2.0)
         return self.proc.poll() is None
 
     def log_tail(self, n: int = 40) -> str:
@@ -76,10 +76,30 @@ class EngineProcess:
 
 
 def _healthy(url: str, timeout: float = 5.0) -> bool:
+    """Ready to serve (startup only): SGLang's /health generates one token, so it is 503 until the
+    server is up, and also while it is paused (after 20 s): never a liveness probe."""
     try:
         return httpx.get(f"{url}/health", timeout=timeout).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def answers(url: str, timeout: float = 5.0) -> bool:
+    """Alive: GET /model_info answers 200, paused or not (it touches no scheduler)."""
+    try:
+        return httpx.get(f"{url}/model_info", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def sglang_dtype(name: str) -> str:
+    """asyncrl's dtype name -> SGLang's --dtype. asyncrl's `auto` means bf16 on a GPU (SGLang runs
+    only there); SGLang's own `auto` would pick fp16 for an fp32 checkpoint."""
+    if name == "auto":
+        return "bfloat16"
+    if name not in ("float32", "bfloat16", "float16"):
+        raise EngineLaunchError(f"dtype {name!r} is not one of auto, float32, bfloat16, float16")
+    return name
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec (Linux only)
@@ -155,9 +175,10 @@ def launch_embedded(
 
 def sglang_command(model_dir: str | Path, host: str, port: int, *, dtype: str = "auto", mem_fraction_static: float = 0.4,
                    weight_version: int = 0, extra_args: Sequence[str] = ()) -> list[str]:
-    """The `python -m sglang.launch_server` command line (flags as in SGLang's server_args)."""
+    """The `python -m sglang.launch_server` command line (flags as in SGLang 0.5.23's arg_groups:
+    --dtype in fields/model.py, --weight-version (a string there; asyncrl's int) in fields/serving.py)."""
     return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir), "--host", host,
-            "--port", str(port), "--dtype", dtype, "--mem-fraction-static", str(mem_fraction_static),
+            "--port", str(port), "--dtype", sglang_dtype(dtype), "--mem-fraction-static", str(mem_fraction_static),
             "--weight-version", str(weight_version), "--skip-server-warmup", *extra_args]
 
 
@@ -175,8 +196,8 @@ def launch_sglang(
     startup_timeout_s: float = 600.0,
     log_dir: str | None = None,
 ) -> EngineProcess:
-    """Start a real SGLang server (GPU) and wait for /health. `cfg` (an EngineConfig) overrides
-    dtype, mem_fraction_static, extra_args and the startup timeout."""
+    """Start a real SGLang server (GPU) at `weight_version` and wait for /health. `cfg` (an
+    EngineConfig) overrides dtype, mem_fraction_static, extra_args and the startup timeout."""
     import importlib.util
 
     if importlib.util.find_spec("sglang") is None:
@@ -199,14 +220,15 @@ def launch_sglang(
 
 
 def attach(urls: Sequence[str], timeout_s: float = 60.0) -> list[EngineProcess]:
-    """Wrap already running servers; fails if one does not answer /health within `timeout_s`."""
+    """Wrap already running servers; fails if one does not answer /model_info within `timeout_s`
+    (not /health: a server attached while paused is alive)."""
     out = []
     for url in urls:
         url = url.rstrip("/")
         deadline = time.monotonic() + timeout_s
-        while not _healthy(url):
+        while not answers(url):
             if time.monotonic() > deadline:
-                raise EngineLaunchError(f"engine at {url} did not answer /health within {timeout_s:.0f}s")
+                raise EngineLaunchError(f"engine at {url} did not answer /model_info within {timeout_s:.0f}s")
             time.sleep(0.5)
         out.append(EngineProcess(url, None))
     return out

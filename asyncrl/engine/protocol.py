@@ -1,13 +1,17 @@
 """The /generate request as the engine sees it: parsing with validation, and the SGLang reply shape.
 
-Request body (SGLang subset, token in / token out):
+Request body (SGLang 0.5.23 subset, token in / token out; unknown sampling params are refused, as
+SGLang's contract gate refuses them):
     {"input_ids": [int, ...], "rid": str?, "return_logprob": bool?, "return_token_times": bool?,
      "sampling_params": {"temperature", "top_p", "top_k", "max_new_tokens", "min_new_tokens",
-                         "stop_token_ids", "ignore_eos", "seed"}}
-Reply:
+                         "stop_token_ids", "ignore_eos", "sampling_seed"}}
+Reply (as SGLang's TokenizerManager builds it, srt/utils/weight_versions.py):
     {"text", "output_ids", "meta_info": {"id", "finish_reason": {"type": "stop"|"length"|"abort", ...},
      "prompt_tokens", "completion_tokens", "output_token_logprobs": [[logprob, token_id, null], ...],
-     "weight_version", "output_token_versions": [...], ("output_token_times": [...])}}
+     "weight_version": str (the version at the end), "weight_versions": [{"version": str, "start": int,
+     "end": int}, ...] (the runs of output tokens each version produced, end exclusive; one span
+     {version, 0, 0} for an empty output), ("output_token_times": [...], an asyncrl extension sent
+     only when the request asks for it with return_token_times)}}
 `parse_request` raises `BadRequest` naming the offending field and value; the server answers 400.
 """
 
@@ -21,7 +25,7 @@ from typing import Any
 import torch
 
 _SAMPLING_KEYS = {
-    "temperature", "top_p", "top_k", "max_new_tokens", "min_new_tokens", "stop_token_ids", "ignore_eos", "seed",
+    "temperature", "top_p", "top_k", "max_new_tokens", "min_new_tokens", "stop_token_ids", "ignore_eos", "sampling_seed",
     # accepted and ignored (SGLang clients send them):
     "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "n", "stop",
 }
@@ -42,7 +46,7 @@ class GenRequest:
     min_new_tokens: int = 0
     stop_token_ids: frozenset = frozenset()
     ignore_eos: bool = False
-    seed: int | None = None
+    sampling_seed: int | None = None
     return_logprob: bool = False
     return_token_times: bool = False
     # state, filled by the engine
@@ -89,13 +93,18 @@ def parse_request(body: Any, vocab_size: int) -> GenRequest:
     unknown = set(sp) - _SAMPLING_KEYS
     if unknown:
         raise BadRequest(f"unknown sampling_params {sorted(unknown)}; known: {sorted(_SAMPLING_KEYS)}")
-    r = GenRequest(rid=str(body.get("rid") or uuid.uuid4().hex), input_ids=list(ids))
+    rid = body.get("rid")
+    if rid is not None and (not isinstance(rid, str) or not rid):
+        raise BadRequest(f"rid must be a non-empty string, got {rid!r:.80}")
+    r = GenRequest(rid=rid or uuid.uuid4().hex, input_ids=list(ids))
     r.temperature = _num(sp, "temperature", float, 1.0)
     r.top_p = _num(sp, "top_p", float, 1.0)
     r.top_k = _num(sp, "top_k", int, -1)
     r.max_new_tokens = _num(sp, "max_new_tokens", int, 128)
     r.min_new_tokens = _num(sp, "min_new_tokens", int, 0)
-    r.seed = _num(sp, "seed", int, None) if sp.get("seed") is not None else None
+    r.sampling_seed = _num(sp, "sampling_seed", int, None)
+    if r.sampling_seed is not None and not -(2**63) <= r.sampling_seed <= 2**63 - 1:
+        raise BadRequest(f"sampling_params.sampling_seed must be in [-2**63, 2**63 - 1], got {r.sampling_seed}")
     if r.temperature < 0:
         raise BadRequest(f"sampling_params.temperature must be >= 0, got {r.temperature}")
     if not 0 < r.top_p <= 1:
@@ -116,14 +125,29 @@ def parse_request(body: Any, vocab_size: int) -> GenRequest:
     return r
 
 
+def weight_version_spans(versions: list[int], current: int) -> list[dict]:
+    """Per-token versions -> SGLang's `weight_versions`: one {version, start, end} per run of equal
+    versions (end exclusive, versions as strings); an empty output gives [{current, 0, 0}]."""
+    if not versions:
+        return [{"version": str(current), "start": 0, "end": 0}]
+    spans: list[dict] = []
+    for i, v in enumerate(versions):
+        if spans and spans[-1]["version"] == str(v):
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": str(v), "start": i, "end": i + 1})
+    return spans
+
+
 def build_reply(r: GenRequest, weight_version: int, text: str) -> dict:
+    spans = weight_version_spans(r.versions, weight_version)
     meta: dict[str, Any] = {
         "id": r.rid,
         "finish_reason": r.finish,
         "prompt_tokens": len(r.input_ids),
         "completion_tokens": len(r.output_ids),
-        "weight_version": weight_version,
-        "output_token_versions": list(r.versions),
+        "weight_version": spans[-1]["version"],
+        "weight_versions": spans,
     }
     if r.return_logprob:
         meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(r.logprobs, r.output_ids)]

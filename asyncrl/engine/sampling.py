@@ -9,6 +9,13 @@ where a greedy request (T == 0) uses T = 1. It is taken BEFORE any truncation of
 top-k, top-p and the min_new_tokens ban on stop tokens change which token is drawn, never the
 logprob reported for it. `token_logprobs` is that function; everything else here only draws tokens.
 
+SGLang 0.5.23 differs while min_new_tokens bans stop tokens: its penalizer adds -inf to the stop
+tokens' logits BEFORE the sampler takes the logprob (srt/sampling/penaltylib/min_new_tokens.py,
+applied by SamplingBatchInfo.apply_logits_bias in model_runner._preprocess_logits; the sampler's
+log(probs) comes after), so for the first min_new_tokens tokens SGLang reports a logprob
+renormalized over the non-stop tokens. The learner cannot see that ban, so
+the config (asyncrl/config.py, `Config.__post_init__`) refuses engine=sglang with min_new_tokens > 0.
+
 Drawing a token for one row: z = logits / T; mask z outside the top-k and outside the smallest
 set of tokens whose probability mass reaches top_p (the most likely token always stays); draw from
 softmax(z) with the row's own `torch.Generator` (seeded requests are reproducible), or argmax when

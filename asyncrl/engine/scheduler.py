@@ -13,7 +13,8 @@ One asyncio task runs the loop. Each iteration, under `self.lock`:
 Forwards run in a worker thread (`asyncio.to_thread`) so the HTTP server stays responsive.
 `apply_weights` takes the same lock, so it never overlaps a forward.
 
-Versions: every drawn token records `weight_version` at the step that produced it.
+Versions: every drawn token records `weight_version` at the step that produced it; the reply
+reports them as SGLang's `weight_versions` spans (protocol.build_reply).
 """
 
 from __future__ import annotations
@@ -68,7 +69,6 @@ class EngineCore:
         self.running: list[GenRequest] = []
         self.batch: KVBatch | None = None
         self.live: dict[str, GenRequest] = {}
-        self.done: collections.OrderedDict[str, tuple[tuple, dict]] = collections.OrderedDict()
         self.paused = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -91,16 +91,10 @@ class EngineCore:
 
     # ---- requests --------------------------------------------------------------------------
     async def generate(self, req: GenRequest) -> dict:
-        """Queue `req` and wait for its reply. A live or recently finished request with the same rid
-        and input_ids (a client retry) gets that request's reply instead of a second generation."""
-        key = (tuple(req.input_ids), req.max_new_tokens, req.seed)
+        """Queue `req` and wait for its reply. A rid that is live already is refused (400), as SGLang
+        refuses it: a client retrying after a timeout or a 5xx sends a fresh rid."""
         if req.rid in self.live:
-            other = self.live[req.rid]
-            if other.input_ids != req.input_ids:
-                raise BadRequest(f"rid {req.rid!r} is already running with different input_ids")
-            return await asyncio.shield(other.future)
-        if req.rid in self.done and self.done[req.rid][0] == key:
-            return self.done[req.rid][1]
+            raise BadRequest(f"Duplicate request ID detected: {req.rid}")
         if len(req.input_ids) >= self.max_context:
             raise BadRequest(f"input_ids has {len(req.input_ids)} tokens; the model's context is {self.max_context}")
         if len(req.input_ids) > self.max_running_tokens:
@@ -109,8 +103,8 @@ class EngineCore:
             )
         req.future = asyncio.get_running_loop().create_future()
         req.generator = torch.Generator(device="cpu")
-        if req.seed is not None:
-            req.generator.manual_seed(req.seed)
+        if req.sampling_seed is not None:
+            req.generator.manual_seed(req.sampling_seed)
         else:
             req.generator.seed()
         self.live[req.rid] = req
@@ -120,23 +114,27 @@ class EngineCore:
         else:
             self.waiting.append(req)
             self._wake.set()
-        reply = await asyncio.shield(req.future)
-        self.done[req.rid] = (key, reply)
-        while len(self.done) > 1024:
-            self.done.popitem(last=False)
-        return reply
+        return await asyncio.shield(req.future)
 
-    async def abort(self, rid: str | None = None, abort_all: bool = False) -> int:
-        """Finish request `rid` (or all) with finish_reason abort and its partial output; returns how many."""
+    async def abort(self, rid: str = "", abort_all: bool = False) -> int:
+        """Finish every request whose rid STARTS WITH `rid` (SGLang's scheduler matches by prefix), or
+        all, with finish_reason abort and its partial output; returns how many. An empty rid without
+        abort_all aborts nothing (SGLang ignores it: it would prefix-match every request)."""
+        if not abort_all and not rid:
+            return 0
+
+        def hit(r: GenRequest) -> bool:
+            return abort_all or r.rid.startswith(rid)
+
         n = 0
         for r in list(self.waiting):
-            if abort_all or r.rid == rid:
+            if hit(r):
                 self.waiting.remove(r)
                 r.finish = {"type": "abort", "message": "aborted by request"}
                 self._resolve(r)
                 n += 1
         for r in list(self.live.values()):  # running, or admitted and about to be prefilled
-            if (abort_all or r.rid == rid) and not r.finished and not r.abort_requested:
+            if hit(r) and not r.finished and not r.abort_requested:
                 r.abort_requested = True
                 n += 1
         if n and self.running:

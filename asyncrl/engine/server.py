@@ -1,10 +1,11 @@
 """The embedded engine's HTTP server: FastAPI over an `EngineCore`, speaking SGLang's API subset.
 
-Endpoints: POST /generate, /abort_request {rid | abort_all}, /pause_generation {mode: abort|in_place},
-/continue_generation;
-GET /get_weight_version, /health, /health_generate, /get_model_info, /stats (asyncrl: queue sizes).
+Endpoints (as SGLang 0.5.23 answers them; docs/design.md "Engine API"): POST /generate,
+/abort_request {rid (prefix match) | abort_all} (200, empty body), /pause_generation {mode: abort|
+retract|in_place}, /continue_generation; GET /model_info (string weight_version), /server_info
+(tp_size), /health, /health_generate; asyncrl extension: GET /stats (queue sizes).
 The weight-sync router (asyncrl.weight_sync.routes.make_router(core): the weight-update routes,
-/update_weights_from_disk included) is mounted when installed.
+sessions and /update_weights_from_disk included) is mounted when installed.
 Every bad request gets a 400 with {"error": message}; the server keeps serving.
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from asyncrl.engine.protocol import BadRequest, parse_request
 from asyncrl.engine.scheduler import EngineCore
@@ -70,11 +71,16 @@ def create_app(core: EngineCore, model_path: str = "", on_ready: Any | None = No
 
     @app.post("/abort_request")
     async def abort_request(request: Request):
-        body = await _json(request, required=False)
-        if not body.get("abort_all") and not body.get("rid"):
-            raise BadRequest("abort_request needs a rid or abort_all: true")
-        n = await core.abort(body.get("rid"), abort_all=bool(body.get("abort_all")))
-        return {"success": True, "aborted": n}
+        # SGLang: {rid: str = "", abort_all: bool = False}; 200 with an empty body whether or not
+        # anything matched; rid matches by prefix; an empty rid without abort_all is ignored.
+        body = await _json(request)
+        rid, abort_all = body.get("rid") or "", body.get("abort_all", False)
+        if not isinstance(rid, str):
+            raise BadRequest(f"abort_request: rid must be a string, got {rid!r:.80}")
+        if not isinstance(abort_all, bool):
+            raise BadRequest(f"abort_request: abort_all must be a boolean, got {abort_all!r:.80}")
+        await core.abort(rid, abort_all=abort_all)
+        return Response(status_code=200)
 
     @app.post("/pause_generation")
     async def pause_generation(request: Request):

@@ -85,3 +85,10 @@ def test_from_dict_rejects_bool_for_int_and_unknown_keys():
 def test_any_schema_key_overrides_without_plus_even_if_no_yaml_sets_it():
     cfg = load_config(["trainer.progress=false", "trainer.weight_sync.bucket_mb=8", "buffer.order=newest"])
     assert cfg.trainer.progress is False and cfg.trainer.weight_sync.bucket_mb == 8 and cfg.buffer.order == "newest"
+
+
+def test_min_new_tokens_with_sglang_is_refused_by_name():
+    assert load_config(["engine.type=embedded", "agent.sampling.min_new_tokens=4"]).agent.sampling.min_new_tokens == 4
+    assert load_config(["engine.type=sglang", "agent.sampling.min_new_tokens=0"]).engine.type == "sglang"
+    with pytest.raises(ConfigError, match="min_new_tokens: 4 with engine.type=sglang"):
+        load_config(["engine.type=sglang", "agent.sampling.min_new_tokens=4"])

@@ -32,7 +32,7 @@ def test_embedded_engine_on_cuda_bf16(engine_model_dir):
                      "sampling_params": {"temperature": 0, "max_new_tokens": 16, "min_new_tokens": 16}},
                     core.vocab_size)))
             together = await asyncio.gather(*[core.generate(parse_request(
-                {"input_ids": p, "return_logprob": True, "sampling_params": {"temperature": 0.8, "seed": i,
+                {"input_ids": p, "return_logprob": True, "sampling_params": {"temperature": 0.8, "sampling_seed": i,
                                                                               "max_new_tokens": 16}},
                 core.vocab_size)) for i, p in enumerate(prompts)])
             return solo + list(together)

@@ -7,7 +7,14 @@ import socket
 import httpx
 import pytest
 
-from asyncrl.engine.launcher import EngineLaunchError, launch_embedded, sglang_command
+from asyncrl.engine.launcher import (
+    EngineLaunchError,
+    answers,
+    attach,
+    launch_embedded,
+    sglang_command,
+    sglang_dtype,
+)
 
 
 @pytest.mark.timeout(120)
@@ -45,6 +52,30 @@ def test_sglang_command_flags():
     assert flags["--model-path"] == "/m" and flags["--port"] == "30000" and flags["--dtype"] == "bfloat16"
     assert flags["--mem-fraction-static"] == "0.5" and flags["--weight-version"] == "3"
     assert cmd[-2:] == ["--tp", "1"]
+
+
+def test_auto_dtype_reaches_sglang_as_bf16_and_a_restart_keeps_the_version():
+    """asyncrl's `auto` means bf16 on a GPU; SGLang's own `auto` would serve an fp32 checkpoint in fp16."""
+    flags = dict(zip(*(lambda c: (c[3::2], c[4::2]))(sglang_command("/m", "h", 1, dtype="auto", weight_version=7))))
+    assert flags["--dtype"] == "bfloat16" and flags["--weight-version"] == "7"
+    assert [sglang_dtype(d) for d in ("float32", "float16", "bfloat16")] == ["float32", "float16", "bfloat16"]
+    for bad in ("half", "fp8", ""):
+        with pytest.raises(EngineLaunchError, match=repr(bad)):
+            sglang_dtype(bad)
+
+
+@pytest.mark.timeout(60)
+async def test_liveness_probe_does_not_blame_a_paused_engine(engine):
+    """SGLang's /health generates a token (503 while paused); liveness reads /model_info instead."""
+    from tests.engine.conftest import post
+
+    await post(engine.url, "/pause_generation", {"mode": "in_place"})
+    try:
+        assert answers(engine.url)
+        assert [p.url for p in attach([engine.url], timeout_s=5)] == [engine.url]
+    finally:
+        await post(engine.url, "/continue_generation", {})
+    assert not answers("http://127.0.0.1:9", timeout=1.0)
 
 
 @pytest.mark.timeout(180)

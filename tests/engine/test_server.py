@@ -47,14 +47,15 @@ async def test_greedy_equals_transformers_generate_token_by_token(engine, tiny_m
         assert a["meta_info"]["finish_reason"] == {"type": "length", "length": n}
         assert a["meta_info"]["prompt_tokens"] == len(p) and a["meta_info"]["completion_tokens"] == n
         assert [t for _, t, _ in a["meta_info"]["output_token_logprobs"]] == ref
-        assert a["meta_info"]["output_token_versions"] == [0] * n and a["meta_info"]["weight_version"] == 0
+        assert a["meta_info"]["weight_versions"] == [{"version": "0", "start": 0, "end": n}]
+        assert a["meta_info"]["weight_version"] == "0"
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("temperature,top_p,top_k", [(0.0, 1.0, -1), (0.7, 0.9, 50), (1.3, 1.0, -1)])
 async def test_logprobs_equal_teacher_forced_forward(engine, tiny_model, temperature, top_p, top_k):
     outs = await asyncio.gather(*[generate(engine.url, p, temperature=temperature, top_p=top_p, top_k=top_k,
-                                           max_new_tokens=24, min_new_tokens=24, seed=i)
+                                           max_new_tokens=24, min_new_tokens=24, sampling_seed=i)
                                   for i, p in enumerate(PROMPTS)])
     for p, o in zip(PROMPTS, outs):
         got = [lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]]
@@ -65,10 +66,10 @@ async def test_logprobs_equal_teacher_forced_forward(engine, tiny_model, tempera
 
 @pytest.mark.timeout(60)
 async def test_seeded_sampling_is_reproducible(engine):
-    a = await generate(engine.url, PROMPTS[1], temperature=1.0, max_new_tokens=20, seed=123)
-    b, _c = await asyncio.gather(generate(engine.url, PROMPTS[1], temperature=1.0, max_new_tokens=20, seed=123),
-                                generate(engine.url, PROMPTS[0], temperature=1.0, max_new_tokens=20, seed=5))
-    d = await generate(engine.url, PROMPTS[1], temperature=1.0, max_new_tokens=20, seed=124)
+    a = await generate(engine.url, PROMPTS[1], temperature=1.0, max_new_tokens=20, sampling_seed=123)
+    b, _c = await asyncio.gather(generate(engine.url, PROMPTS[1], temperature=1.0, max_new_tokens=20, sampling_seed=123),
+                                generate(engine.url, PROMPTS[0], temperature=1.0, max_new_tokens=20, sampling_seed=5))
+    d = await generate(engine.url, PROMPTS[1], temperature=1.0, max_new_tokens=20, sampling_seed=124)
     assert a["output_ids"] == b["output_ids"]
     # b shared its decode forwards with c (padded batch): same tokens, logprobs equal up to float rounding
     la, lb = ([x[0] for x in o["meta_info"]["output_token_logprobs"]] for o in (a, b))
@@ -103,13 +104,13 @@ async def test_abort_returns_partial_output(engine, tiny_model):
                                                                        max_new_tokens=3000, min_new_tokens=3000)))
     await wait_tokens(engine.url, before + 5)
     r = await post(engine.url, "/abort_request", {"rid": "abort-me"})
-    assert r.json()["aborted"] == 1
+    assert r.status_code == 200 and r.content == b""  # SGLang: 200, empty body
     o = (await task).json()
     n = len(o["output_ids"])
     assert o["meta_info"]["finish_reason"]["type"] == "abort"
     assert 5 <= n < 3000 and len(o["meta_info"]["output_token_logprobs"]) == n
     assert greedy_path(tiny_model, p, o["output_ids"]) == o["output_ids"]
-    assert (await post(engine.url, "/abort_request", {})).status_code == 400
+    assert o["meta_info"]["weight_versions"] == [{"version": "0", "start": 0, "end": n}]
 
 
 @pytest.mark.timeout(90)
@@ -192,6 +193,11 @@ async def test_short_requests_finish_before_long_ones(engine):
     ({"input_ids": [1], "sampling_params": {"temperature": -0.5}}, "temperature must be >= 0"),
     ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p"),
     ({"input_ids": [1], "sampling_params": {"tempreature": 1}}, "unknown sampling_params"),
+    ({"input_ids": [1], "sampling_params": {"seed": 1}}, "unknown sampling_params ['seed']"),  # SGLang: sampling_seed
+    ({"input_ids": [1], "sampling_params": {"sampling_seed": "1"}}, "sampling_seed must be an integer"),
+    ({"input_ids": [1], "sampling_params": {"sampling_seed": 2**70}}, "sampling_seed must be in"),
+    ({"input_ids": [1], "rid": 5}, "rid must be a non-empty string"),
+    ({"input_ids": [1] * 100_000}, "tokens"),
     (b"[1, 2]", "JSON object"),
 ])
 async def test_bad_requests_get_400_and_server_keeps_serving(engine, body, needle):
@@ -203,10 +209,42 @@ async def test_bad_requests_get_400_and_server_keeps_serving(engine, body, needl
 
 
 @pytest.mark.timeout(60)
-async def test_same_rid_retry_gets_the_same_generation(engine):
-    body = gen_body([9, 8, 7], rid="dup-1", temperature=1.0, max_new_tokens=40)
-    a, b = await asyncio.gather(post(engine.url, "/generate", body), post(engine.url, "/generate", body))
-    c = await post(engine.url, "/generate", body)  # after it finished: answered from the recent replies
-    assert a.json() == b.json() == c.json()
+async def test_live_duplicate_rid_is_refused_like_sglang(engine):
+    """SGLang's TokenizerManager raises 'Duplicate request ID detected' (400) for a live rid; a finished
+    rid may be used again."""
+    before = (await stats(engine.url))["tokens_out"]
+    first = asyncio.create_task(post(engine.url, "/generate", gen_body([9, 8, 7], rid="dup-1", temperature=0,
+                                                                       max_new_tokens=3000, min_new_tokens=3000)))
+    await wait_tokens(engine.url, before + 2)
+    r = await post(engine.url, "/generate", gen_body([9, 8, 7], rid="dup-1", max_new_tokens=2))
+    assert r.status_code == 400 and "Duplicate request ID detected: dup-1" in r.text
+    await post(engine.url, "/abort_request", {"rid": "dup-1"})
+    assert (await first).json()["meta_info"]["finish_reason"]["type"] == "abort"
     r = await post(engine.url, "/generate", gen_body([1, 1], rid="dup-1", max_new_tokens=2))
-    assert r.status_code == 200  # a finished rid may be reused for new input
+    assert r.status_code == 200
+
+
+@pytest.mark.timeout(60)
+async def test_abort_matches_rids_by_prefix_like_sglang(engine):
+    """SGLang's scheduler aborts every request whose rid startswith the given one: aborting "pfx-t1"
+    also ends "pfx-t10" (which is why asyncrl's own rids are never prefixes of each other)."""
+    before = (await stats(engine.url))["tokens_out"]
+    body = dict(temperature=0, max_new_tokens=3000, min_new_tokens=3000)
+    tasks = {rid: asyncio.create_task(post(engine.url, "/generate", gen_body([5, 5, i + 1], rid=rid, **body)))
+             for i, rid in enumerate(["pfx-t1", "pfx-t10", "other-t1"])}
+    await wait_tokens(engine.url, before + 6)
+    await post(engine.url, "/pause_generation", {"mode": "in_place"})  # nothing finishes by itself now
+    for bad in ({"rid": 7}, {"abort_all": "yes"}, [1]):
+        assert (await post(engine.url, "/abort_request", bad)).status_code == 400
+    r = await post(engine.url, "/abort_request", {"rid": ""})  # SGLang ignores an empty rid
+    assert r.status_code == 200 and r.content == b""
+    r = await post(engine.url, "/abort_request", {"rid": "pfx-t1"})
+    assert r.status_code == 200 and r.content == b""
+    for rid in ("pfx-t1", "pfx-t10"):
+        assert (await tasks[rid]).json()["meta_info"]["finish_reason"]["type"] == "abort"
+    assert not tasks["other-t1"].done()
+    r = await post(engine.url, "/abort_request", {"rid": "no-such-rid"})  # nothing live: still 200
+    assert r.status_code == 200 and r.content == b""
+    await post(engine.url, "/abort_request", {"rid": "other-t1"})
+    await post(engine.url, "/continue_generation", {})
+    assert (await tasks["other-t1"]).json()["meta_info"]["finish_reason"]["type"] == "abort"

@@ -50,13 +50,14 @@ async def test_update_weights_from_disk_changes_outputs_and_versions(fresh_engin
     body = {"input_ids": p, "sampling_params": {"temperature": 0, "max_new_tokens": 12, "min_new_tokens": 12}}
     before = (await post(url, "/generate", body)).json()
     assert before["output_ids"] == greedy_reference(tiny_model, p, 12)
-    assert before["meta_info"]["weight_version"] == 3
+    assert before["meta_info"]["weight_version"] == "3"
 
     r = await post(url, "/update_weights_from_disk", {"model_path": str(other_model_dir), "weight_version": "4"})
     assert r.status_code == 200 and r.json()["success"] is True and r.json()["num_paused_requests"] == 0
     after = (await post(url, "/generate", body)).json()
     assert after["output_ids"] == greedy_reference(other, p, 12) != before["output_ids"]
-    assert after["meta_info"]["weight_version"] == 4 and after["meta_info"]["output_token_versions"] == [4] * 12
+    assert after["meta_info"]["weight_versions"] == [{"version": "4", "start": 0, "end": 12}]
+    assert after["meta_info"]["weight_version"] == "4"
     # no weight_version: the weights change, the version stays (SGLang)
     r = await post(url, "/update_weights_from_disk", {"model_path": str(other_model_dir)})
     assert r.status_code == 200 and (await model_info(url))["weight_version"] == "4"
@@ -72,8 +73,9 @@ async def test_update_weights_from_disk_changes_outputs_and_versions(fresh_engin
     assert r.status_code == 200 and r.json()["success"] is True
     await post(url, "/continue_generation", {})
     o = (await task).json()
-    versions = o["meta_info"]["output_token_versions"]
-    assert versions == [4] * k + [9] * (400 - k) and o["meta_info"]["weight_version"] == 9
+    spans = o["meta_info"]["weight_versions"]  # SGLang's shape: runs of output tokens per version
+    assert spans == [{"version": "4", "start": 0, "end": k}, {"version": "9", "start": k, "end": 400}]
+    assert o["meta_info"]["weight_version"] == "9"
     assert (await model_info(url))["weight_version"] == "9"
     # a refused load is HTTP 400 with success=false naming the problem; a malformed request is HTTP 400
     # without "success"; the server keeps serving, on the weights and version it had

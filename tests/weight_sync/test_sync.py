@@ -19,10 +19,11 @@ import pytest
 import torch
 
 from asyncrl.config import Config, ModelConfig, WeightSyncConfig
+from asyncrl.engine.base import SamplingParams
+from asyncrl.engine.client import EngineClient
 from asyncrl.engine.launcher import launch_embedded
 from asyncrl.weight_sync import WeightMismatchError, WeightSender, WeightSyncError, make_sender
 from asyncrl.weight_sync.bucketing import iter_buckets
-from asyncrl.weight_sync.continuation import generate_continuing
 from asyncrl.weight_sync.disk import DiskTransport
 from asyncrl.weight_sync.distributed import GroupTransport
 
@@ -147,7 +148,7 @@ async def test_gloo_sync_equals_fresh_engine_from_export(fresh, learner, outputs
         assert greedy(u) == ref_out and version_of(u) == "1"
         assert not info(u)["session_open"] and not paused(u)
         r = httpx.post(u + "/generate", json={"input_ids": [5, 6], "sampling_params": GREEDY}, timeout=60).json()
-        assert str(r["meta_info"]["weight_version"]) == "1"
+        assert r["meta_info"]["weight_version"] == "1" and {s["version"] for s in r["meta_info"]["weight_versions"]} == {"1"}
 
 
 async def test_sglang_wire_format_without_extensions_gives_the_same_weights(shared, learner, outputs):
@@ -284,11 +285,12 @@ async def test_engine_restarted_on_its_address_rejoins_the_next_sync(fresh, lear
 
 
 async def _inflight_during_sync(url: str, urls: list[str], learner, mode: str) -> tuple[dict, int]:
-    """A 1500-token greedy request decoding on `url` while all engines sync; (its result, old version)."""
+    """A 1500-token greedy request decoding on `url` (through EngineClient, which continues a
+    generation a sync in abort mode cut short) while all engines sync; (its result, old version)."""
     version = int(version_of(url)) + 1
-    async with httpx.AsyncClient(trust_env=False) as client:
-        sp = {"temperature": 0.0, "max_new_tokens": 1500, "ignore_eos": True}
-        task = asyncio.ensure_future(generate_continuing(client, url, [1, 2, 3], sp))
+    async with httpx.AsyncClient(trust_env=False) as client, EngineClient(url) as engine:
+        sp = SamplingParams(temperature=0.0, max_new_tokens=1500, min_new_tokens=1500)
+        task = asyncio.ensure_future(engine.generate([1, 2, 3], sp))
         while (await client.get(url + "/stats")).json()["running"] == 0:  # the request is decoding now
             await asyncio.sleep(0.02)
         sender = gloo(mode=mode)
@@ -298,13 +300,15 @@ async def _inflight_during_sync(url: str, urls: list[str], learner, mode: str) -
         finally:
             await sender.close()
         assert report.ok
-        return await task, version - 1
+        res = await task
+        return {"output_ids": res.output_ids, "versions": res.versions, "finish_reason": res.finish_reason,
+                "continued": engine.continued}, version - 1
 
 
 async def test_abort_mode_partial_output_is_continued_on_new_weights(shared, learner):
     urls = [e.url for e in shared]
     out, v = await _inflight_during_sync(urls[0], urls, learner, "abort")
-    assert out["rounds"] == ["abort", "length"] and len(out["output_ids"]) == 1500
+    assert out["continued"] == 1 and out["finish_reason"] == "length" and len(out["output_ids"]) == 1500
     k = out["versions"].index(v + 1)  # tokens before the switch carry v, after it v + 1, never mixed back
     assert 0 < k < 1500 and out["versions"] == [v] * k + [v + 1] * (1500 - k)
 
@@ -313,7 +317,7 @@ async def test_in_place_mode_keeps_the_request_running_across_the_switch(shared,
     """in_place is sent as SGLang's retract (requests kept, cache flushable); this engine keeps them running."""
     urls = [e.url for e in shared]
     out, v = await _inflight_during_sync(urls[1], urls, learner, "in_place")
-    assert out["rounds"] == ["length"] and len(out["output_ids"]) == 1500
+    assert out["continued"] == 0 and out["finish_reason"] == "length" and len(out["output_ids"]) == 1500
     k = out["versions"].index(v + 1)
     assert 0 < k < 1500 and out["versions"] == [v] * k + [v + 1] * (1500 - k)
 

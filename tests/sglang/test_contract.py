@@ -1,0 +1,121 @@
+"""asyncrl's EngineClient and launcher probes against SGLang 0.5.23's real HTTP app (see conftest):
+the contract the embedded engine imitates, checked on SGLang's side of the wire."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from asyncrl.engine.base import SamplingParams
+from asyncrl.engine.client import EngineClient
+from asyncrl.engine.launcher import answers
+from tests.sglang.conftest import skip_without_sglang
+
+pytestmark = [pytest.mark.sglang, skip_without_sglang]
+
+
+async def _until(pred, timeout_s: float = 30.0) -> None:
+    for _ in range(int(timeout_s / 0.01)):
+        if pred():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+async def _post(url: str, path: str, body) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=30) as h:
+        return await h.post(url + path, json=body)
+
+
+@pytest.mark.timeout(60)
+async def test_spans_across_an_in_place_update_expand_per_token(sglang_app):
+    tm, url = sglang_app.tm, sglang_app.url
+    async with EngineClient(url) as c:
+        task = asyncio.create_task(c.generate([1, 2, 3], SamplingParams(temperature=0, max_new_tokens=60)))
+        await _until(lambda: tm.tokens_out >= 5)
+        assert (await _post(url, "/pause_generation", {"mode": "in_place"})).status_code == 200
+        k = tm.tokens_out
+        r = await _post(url, "/update_weight_version", {"new_version": "1", "abort_all_requests": False})
+        assert r.status_code == 200, r.text
+        await _post(url, "/continue_generation", {})
+        res = await task
+    assert res.finish_reason == "length" and res.versions == [0] * k + [1] * (60 - k)
+    assert res.weight_version == 1 and len(res.logprobs) == 60 and c.continued == 0
+
+
+@pytest.mark.timeout(60)
+async def test_sync_abort_is_continued_and_a_prefix_abort_answers_empty_200(sglang_app):
+    tm, url = sglang_app.tm, sglang_app.url
+    async with EngineClient(url) as c:
+        task = asyncio.create_task(c.generate([4, 5], SamplingParams(temperature=0, max_new_tokens=60), rid="ep-t1"))
+        await _until(lambda: tm.tokens_out >= 5)
+        await _post(url, "/pause_generation", {"mode": "abort"})
+        k = tm.tokens_out
+        await _until(lambda: len(tm.rids) == 2)  # the continuation, held while paused
+        await _post(url, "/update_weight_version", {"new_version": "1", "abort_all_requests": False})
+        await _post(url, "/continue_generation", {})
+        res = await task
+    assert res.finish_reason == "length" and len(res.output_ids) == 60 and c.continued == 1
+    assert res.versions == [0] * k + [1] * (60 - k)
+    assert all(r.endswith("-ep-t1") for r in tm.rids) and len(set(tm.rids)) == 2
+
+    # a user abort by rid: SGLang answers 200 with an empty body and the generation ends as abort
+    # when the abort carries a status (here none: so the client would continue; use rounds=0)
+    async with EngineClient(url, max_abort_rounds=0) as c:
+        task = asyncio.create_task(c.generate([4], SamplingParams(max_new_tokens=100000), rid="user"))
+        await _until(lambda: any(r.endswith("-user") for r in tm.live))
+        prefix = next(r for r in tm.live if r.endswith("-user"))[:8]
+        r = await _post(url, "/abort_request", {"rid": prefix})
+        assert r.status_code == 200 and r.content == b""
+        res = await task
+    assert res.finish_reason == "abort" and tm.aborts[-1] == (prefix, False)
+
+
+@pytest.mark.timeout(60)
+async def test_retry_after_5xx_uses_a_fresh_rid_and_a_live_duplicate_is_400(sglang_app):
+    tm, url = sglang_app.tm, sglang_app.url
+    tm.fail_next = [503, 500]
+    async with EngineClient(url, backoff_s=0.01) as c:
+        res = await c.generate([7, 8], SamplingParams(max_new_tokens=4), rid="u-t1")
+    assert len(res.output_ids) == 4 and c.retries == 2
+    assert len(tm.rids) == 3 and len(set(tm.rids)) == 3
+    assert not any(a != b and b.startswith(a) for a in tm.rids for b in tm.rids)
+
+    body = {"input_ids": [1], "rid": "dup", "sampling_params": {"max_new_tokens": 100000}}
+    first = asyncio.create_task(_post(url, "/generate", body))
+    await _until(lambda: "dup" in tm.live)
+    r = await _post(url, "/generate", body)
+    assert r.status_code == 400 and "Duplicate request ID detected: dup" in r.text
+    await _post(url, "/abort_request", {"rid": "dup"})
+    assert (await first).json()["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+@pytest.mark.timeout(60)
+async def test_sampling_seed_is_sglangs_name_and_seed_is_refused(sglang_app):
+    url = sglang_app.url
+    ok = await _post(url, "/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 2, "sampling_seed": 3}})
+    assert ok.status_code == 200, ok.text
+    bad = await _post(url, "/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 2, "seed": 3}})
+    assert bad.status_code == 400 and "unknown field `seed`" in bad.text
+    async with EngineClient(url) as c:  # what the client sends passes SGLang's contract gate
+        res = await c.generate([1, 2], SamplingParams(temperature=0.5, top_k=-1, max_new_tokens=3, min_new_tokens=1,
+                                                      stop_token_ids=[2], sampling_seed=11))
+    assert len(res.output_ids) == 3
+
+
+@pytest.mark.timeout(60)
+async def test_paused_engine_fails_health_but_answers_model_info(sglang_app):
+    url = sglang_app.url
+    await _post(url, "/pause_generation", {"mode": "in_place"})
+    try:
+        async with httpx.AsyncClient(timeout=30) as h:
+            assert (await h.get(url + "/health")).status_code == 503  # SGLang's /health generates a token
+            info = await h.get(url + "/model_info")
+        assert info.status_code == 200 and info.json()["weight_version"] == "0"
+        assert await asyncio.to_thread(answers, url)
+        async with EngineClient(url) as c:
+            assert await c.weight_versions() == [0]
+    finally:
+        await _post(url, "/continue_generation", {})
