@@ -210,7 +210,7 @@ async def test_partial_rollout_continues_across_a_sync_in_abort_mode(engine_mode
             # the sync: new weights (here the same tensors, so the greedy path stays checkable) at version 1
             ckpt = tmp_path / "w"
             tiny_model.save_pretrained(ckpt, safe_serialization=True)
-            r = await post(eng.url, "/update_weights_from_disk", {"model_path": str(ckpt), "weight_version": 1})
+            r = await post(eng.url, "/update_weights_from_disk", {"model_path": str(ckpt), "weight_version": "1"})
             assert r.status_code == 200, r.text
             await post(eng.url, "/continue_generation", {})
             res = await task
