@@ -27,7 +27,7 @@ from asyncrl.weight_sync.disk import DiskTransport
 from asyncrl.weight_sync.distributed import GroupTransport
 from asyncrl.weight_sync.tensor import TensorTransport
 from tests.sglang.conftest import SGLangApp, skip_without_sglang
-from tests.sglang.weight_recorder import HELD, WeightRecorder
+from tests.sglang.weight_recorder import HELD, ModelRunner, WeightRecorder
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -46,15 +46,19 @@ class Engine:
             return (await h.get(self.url + "/stats")).json()["running"] > 0
 
 
+@pytest.fixture(scope="session")
+def model_runner() -> Iterator[ModelRunner]:
+    runner = ModelRunner()
+    yield runner
+    runner.close()
+
+
 @pytest.fixture(params=[pytest.param("sglang", marks=[pytest.mark.sglang, skip_without_sglang]), "embedded"])
 def engine(request) -> Iterator[Engine]:
     if request.param == "sglang":
-        tm = WeightRecorder(request.getfixturevalue("sglang_config"))
-        try:
-            with SGLangApp(tm) as app:
-                yield Engine("sglang", app.url, tm)
-        finally:
-            tm.close()
+        tm = WeightRecorder(request.getfixturevalue("sglang_config"), request.getfixturevalue("model_runner"))
+        with SGLangApp(tm) as app:
+            yield Engine("sglang", app.url, tm)
         return
     proc = launch_embedded(request.getfixturevalue("tiny_model_dir"), threads=1)
     try:
@@ -109,14 +113,19 @@ def assert_holds(engine: Engine, named: dict[str, torch.Tensor]) -> None:
 # ---- scenarios --------------------------------------------------------------------------------------
 
 async def test_distributed_sync_sets_the_version_and_the_tensors(engine):
-    sent = tensors(1)
-    report = await synced(engine, gloo(), sent, 3)
+    sent, sender = tensors(1), gloo()
+    await sender.connect([engine.url])
+    try:
+        report = await sender.sync(iter(buckets(sent)), version=3)
+        group = sender.transport.group_name
+    finally:
+        await sender.close()
     assert report.ok and report.engines_ok == [engine.url] and report.buckets == 2
     assert report.collectives == len(sent) or engine.kind == "embedded"  # SGLang: one broadcast per tensor
     assert_idle_at(engine, 3)
     assert_holds(engine, sent)
     if engine.tm is not None:
-        assert engine.tm.runner("groups") == []  # close() destroyed the group on SGLang's side too
+        assert group and group not in engine.tm.runner("groups")  # close() destroyed it on SGLang's side too
 
 
 async def test_unknown_tensor_is_refused_400_and_the_session_is_still_ended(engine):
@@ -183,3 +192,25 @@ async def test_a_generation_spanning_the_sync_reports_both_versions(engine):
     assert res.finish_reason == "length" and len(res.output_ids) == n and client.continued == 0
     k = res.versions.index(1)  # in_place mode (SGLang's retract): the request is kept, never continued
     assert 0 < k < n and res.versions == [0] * k + [1] * (n - k) and res.weight_version == 1
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/update_weights_from_distributed", {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]],
+                                          "group_name": "g", "weight_version": "9"}),
+    ("/end_weight_update", {}),
+    ("/destroy_weights_update_group", {"group_name": "no-such-group"}),
+], ids=["update-outside-session", "end-without-begin", "destroy-unknown-group"])
+def test_refusals_are_sglangs_400_with_success_false(engine, path, body):
+    r = httpx.post(engine.url + path, json=body, timeout=10)
+    assert r.status_code == 400 and r.json()["success"] is False and r.json()["message"], r.text
+    assert httpx.get(engine.url + "/model_info", timeout=10).json()["weight_version"] == "0"
+
+
+@pytest.mark.parametrize("body", [{"names": "model.norm.weight"}, {"dtypes": ["float32"]}, [1, 2]],
+                         ids=["names-not-a-list", "no-names", "not-an-object"])
+def test_malformed_update_is_a_4xx_without_success(engine, body):
+    """A body SGLang cannot parse never reaches the backend: an error object, no "success" key, which
+    the sender classifies as its own configuration error (engine_http.classify)."""
+    r = httpx.post(engine.url + "/update_weights_from_distributed", json=body, timeout=10)
+    assert 400 <= r.status_code < 500 and "success" not in r.json(), r.text
+    assert httpx.get(engine.url + "/model_info", timeout=10).json()["weight_version"] == "0"

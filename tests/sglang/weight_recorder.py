@@ -53,12 +53,11 @@ GROUP_TIMEOUT = timedelta(seconds=60)  # SGLang passes none (30 min default); a 
 
 
 class WeightRecorder(RecordingTokenizerManager):
-    def __init__(self, server_args: Any):
+    def __init__(self, server_args: Any, runner: ModelRunner):
         super().__init__()
+        self.runner = runner.call
         self.server_args, self.startup_time = server_args, time.time()
         self.params = {n: torch.zeros(s) for n, s in HELD.items()}
-        self._runner: tuple[Any, Any] | None = None  # (process, pipe): the model runner holding the groups
-        self._runner_lock = threading.Lock()
         self.session: dict | None = None
         self.pause_mode: str | None = None
 
@@ -74,26 +73,6 @@ class WeightRecorder(RecordingTokenizerManager):
         await super().continue_generation(obj)
 
     # ---- group (in the model-runner process) --------------------------------------------------
-    def runner(self, *cmd: Any) -> Any:
-        """One call to the model-runner process (spawned on first use; serial, as the scheduler is)."""
-        with self._runner_lock:
-            if self._runner is None:
-                conn, child = mp.get_context("spawn").Pipe()
-                proc = mp.get_context("spawn").Process(target=model_runner, args=(child,), daemon=True)
-                proc.start()
-                self._runner = (proc, conn)
-            self._runner[1].send(cmd)
-            return self._runner[1].recv()
-
-    def close(self) -> None:
-        if self._runner is not None:
-            proc, conn = self._runner
-            conn.send(("stop",))
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
-            self._runner = None
-
     async def init_weights_update_group(self, obj: Any, request: Any = None) -> tuple[bool, str]:
         return await asyncio.to_thread(self.runner, "init", obj.backend, f"tcp://{obj.master_address}:{obj.master_port}",
                                        obj.world_size, obj.rank_offset + 0, obj.group_name)  # tp_rank 0
@@ -183,9 +162,34 @@ class WeightRecorder(RecordingTokenizerManager):
         return not self.live or self.pause_mode in ("retract", "abort")
 
 
+class ModelRunner:
+    """The model-runner process (spawned: SGLang's scheduler is a process of its own, so the sender's
+    rank 0 and this rank do not share torch.distributed's group registry). Serial, as the scheduler is;
+    group names are unique per sync, so one process serves every test."""
+
+    def __init__(self):
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=model_runner, args=(child,), daemon=True)
+        self.proc.start()
+        self.lock = threading.Lock()
+        self.call("groups")  # imported and answering
+
+    def call(self, *cmd: Any) -> Any:
+        with self.lock:
+            self.conn.send(cmd)
+            return self.conn.recv()
+
+    def close(self) -> None:
+        with self.lock:
+            self.conn.send(("stop",))
+        self.proc.join(timeout=30)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
 def model_runner(conn: Any) -> None:
-    """The model-runner process: the update groups and their broadcasts (a separate process, as in
-    SGLang, so the sender's rank 0 and this rank do not share torch.distributed's group registry)."""
+    """ModelRunner's process: the update groups and their broadcasts."""
     from sglang.srt.utils.common import init_custom_process_group
 
     groups: dict[str, Any] = {}
