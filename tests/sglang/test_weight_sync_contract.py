@@ -214,3 +214,38 @@ def test_malformed_update_is_a_4xx_without_success(engine, body):
     r = httpx.post(engine.url + "/update_weights_from_distributed", json=body, timeout=10)
     assert 400 <= r.status_code < 500 and "success" not in r.json(), r.text
     assert httpx.get(engine.url + "/model_info", timeout=10).json()["weight_version"] == "0"
+
+
+@pytest.mark.sglang
+@skip_without_sglang
+async def test_flush_with_requests_running_fails_the_update_so_the_sender_pauses_with_retract(
+        sglang_config, model_runner):
+    """Why trainer.weight_sync.mode=in_place is sent as SGLang's "retract": under an in_place pause the
+    requests keep their batch, and an update with flush_cache=true answers 400 (SGLang's scheduler)."""
+    tm = WeightRecorder(sglang_config, model_runner)
+    with SGLangApp(tm) as app:
+        sender = gloo()
+        await sender.connect([app.url])
+        try:
+            async with EngineClient(app.url, max_abort_rounds=0) as client:  # the abort below ends it
+                task = asyncio.ensure_future(client.generate([1], SamplingParams(max_new_tokens=100000)))
+                while tm.tokens_out < 5:
+                    await asyncio.sleep(0.01)
+                body = {"names": [], "dtypes": [], "shapes": [], "group_name": sender.transport.group_name,
+                        "weight_version": "1", "flush_cache": True}
+                async with httpx.AsyncClient(base_url=app.url, timeout=30) as h:
+                    replies = {}
+                    for mode in ("in_place", "retract"):
+                        assert (await h.post("/pause_generation", json={"mode": mode})).status_code == 200
+                        assert (await h.post("/begin_weight_update", json={})).status_code == 200
+                        replies[mode] = await h.post("/update_weights_from_distributed", json=body)
+                        assert (await h.post("/end_weight_update", json={})).status_code == 200
+                    r = replies["in_place"]
+                    assert r.status_code == 400 and "cache was not flushed" in r.json()["message"], r.text
+                    r = replies["retract"]
+                    assert r.status_code == 200 and r.json()["success"] is True and tm.weight_version == "1", r.text
+                    await h.post("/abort_request", json={"abort_all": True})
+                    await h.post("/continue_generation", json={})
+                await task
+        finally:
+            await sender.close()
