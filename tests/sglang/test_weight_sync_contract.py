@@ -175,9 +175,11 @@ async def test_a_session_left_open_by_a_dead_sender_is_closed_and_reopened(engin
     assert_holds(engine, sent)
 
 
-async def test_a_generation_spanning_the_sync_reports_both_versions(engine):
+@pytest.mark.parametrize("mode,continued", [("in_place", 0), ("abort", 1)])
+async def test_a_generation_spanning_the_sync_reports_both_versions(engine, mode, continued):
+    """in_place (SGLang's retract): the request is kept; abort: cut short, and EngineClient continues it."""
     n = 1500
-    sender = gloo()
+    sender = WeightSender(GroupTransport("gloo", timeout_s=60), timeout_s=60, mode=mode)
     await sender.connect([engine.url])  # the group is built before the request starts
     try:
         async with EngineClient(engine.url) as client:
@@ -189,8 +191,8 @@ async def test_a_generation_spanning_the_sync_reports_both_versions(engine):
             res = await task
     finally:
         await sender.close()
-    assert res.finish_reason == "length" and len(res.output_ids) == n and client.continued == 0
-    k = res.versions.index(1)  # in_place mode (SGLang's retract): the request is kept, never continued
+    assert res.finish_reason == "length" and len(res.output_ids) == n and client.continued == continued
+    k = res.versions.index(1)
     assert 0 < k < n and res.versions == [0] * k + [1] * (n - k) and res.weight_version == 1
 
 
