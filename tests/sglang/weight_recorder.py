@@ -12,9 +12,9 @@ own: they turn the (success, message) returned here into HTTP 200 / 400 {"succes
     receive    one broadcast per tensor into torch.empty(shape, dtype) (model runner weight_updater.py:
                260-298); an unknown group is "Failed to receive weights: ..." (scheduler weight_updater.py:210)
     load       model.load_weights in order, so a bad tensor leaves earlier ones applied: "Failed to
-               update parameter online: ..." (model runner weight_updater.py:324-342); a name the model
-               does not hold or a shape it cannot take fails; the dtype is converted by copy_, as
-               default_weight_loader does
+               update parameter online: ..." (model runner weight_updater.py:324-342); as Llama's
+               loader does, a shape it cannot take fails, a name it does not hold is skipped with a
+               warning (NOT refused), a dtype is converted (see _load)
     disk       no session; a failure rolls back: "Failed to update weights: ... Rolling back" (model
                runner weight_updater.py:225-236)
     flush      flush_cache=true fails the update while requests run (scheduler.py:5518-5547 with
@@ -59,6 +59,7 @@ class WeightRecorder(RecordingTokenizerManager):
         self.server_args, self.startup_time = server_args, time.time()
         self.params = {n: torch.zeros(s) for n, s in HELD.items()}
         self.session: dict | None = None
+        self.skipped: list[str] = []  # names load_weights ignored
         self.pause_mode: str | None = None
 
     async def get_internal_state(self) -> list[dict]:  # /server_info
@@ -133,13 +134,17 @@ class WeightRecorder(RecordingTokenizerManager):
 
     # ---- the scheduler and model runner ------------------------------------------------------
     def _load(self, named: list) -> tuple[bool, str]:
+        """LlamaForCausalLM.load_weights (models/llama.py:760-780, loader v1, the default): a name it
+        does not hold is logged and skipped; default_weight_loader (model_loader/weight_utils.py:
+        1574-1586) asserts the size and copies (converting the dtype)."""
         try:
             for name, w in named:
                 if name not in self.params:
-                    raise KeyError(name)
-                if tuple(w.shape) != tuple(self.params[name].shape):
-                    raise AssertionError(f"{name}: shape {list(w.shape)} != {list(self.params[name].shape)}")
-                self.params[name].copy_(w)
+                    self.skipped.append(name)  # logger.warning(f"Parameter {name} not found in params_dict")
+                    continue
+                param = self.params[name]
+                assert param.size() == w.size(), f"Attempted to load weight ({w.size()}) into parameter ({param.size()})"
+                param.data.copy_(w)
         except Exception as e:  # noqa: BLE001
             return False, (f"Failed to update parameter online: {e!r}. The full weights of the ModelRunner "
                            "are partially updated. Please discard the whole weights.")
