@@ -4,7 +4,8 @@
 # not importable). Not a working SGLang: no CUDA, no scheduler; only the HTTP layer is exercised.
 #
 # - torch 2.13.0 CPU, installed first so nothing pulls a CUDA build; everything else --no-deps.
-# - SGLang's wheel (SGLANG_WHEEL, default /work/sglang_src/sglang-0.5.23-*.whl) --no-deps.
+# - SGLang's wheel --no-deps: SGLANG_WHEEL if set, else `pip download --no-deps sglang==0.5.23`
+#   (wheel only) into a temporary directory removed on exit.
 # - The pure-Python modules the import chain of sglang.srt.entrypoints.http_server needs (found by
 #   importing it and adding what was missing, one at a time), pinned as they worked.
 # - torchvision: no CPU build matching torch 2.13.0 is installable here, and the chain touches it
@@ -13,11 +14,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv-sglang}
-WHEEL=${SGLANG_WHEEL:-$(ls /work/sglang_src/sglang-0.5.23-*.whl 2>/dev/null | head -1)}
-[ -n "$WHEEL" ] && [ -f "$WHEEL" ] || { echo "setup_sglang_env: no SGLang 0.5.23 wheel (set SGLANG_WHEEL)" >&2; exit 1; }
+if [ -n "${SGLANG_WHEEL:-}" ] && [ ! -f "$SGLANG_WHEEL" ]; then
+  echo "setup_sglang_env: SGLANG_WHEEL=$SGLANG_WHEEL is not a file" >&2; exit 1
+fi
 python3 -m venv "$VENV"
 echo '*' > "$VENV/.gitignore"
 P="$VENV/bin/pip"
+WHEEL=${SGLANG_WHEEL:-}
+if [ -z "$WHEEL" ]; then
+  DL=$(mktemp -d)
+  trap 'rm -rf "$DL"' EXIT
+  "$P" download -q --no-deps --only-binary=:all: --dest "$DL" sglang==0.5.23
+  WHEEL=$(ls "$DL"/sglang-0.5.23-*.whl 2>/dev/null | head -1)
+  [ -n "$WHEEL" ] || { echo "setup_sglang_env: pip download sglang==0.5.23 gave no wheel in $DL" >&2; exit 1; }
+fi
 "$P" install -q torch==2.13.0
 "$P" install -q --no-deps "$WHEEL"
 "$P" install -q --no-deps \

@@ -157,10 +157,13 @@ class RecordingTokenizerManager:
             self.cond().notify_all()
 
     async def update_weight_version(self, obj: Any) -> None:
+        self.set_weight_version(obj.new_version)
+
+    def set_weight_version(self, new_version: str) -> None:
         """Scheduler.record_weight_version_change: live requests record the old version's extent."""
-        if obj.new_version != self.weight_version:
+        if new_version != self.weight_version:
             record_weight_version_events(list(self.live.values()), old_version=self.weight_version)
-            self.weight_version = obj.new_version
+            self.weight_version = new_version
 
 
 class SGLangApp:
@@ -197,7 +200,8 @@ class SGLangApp:
 @pytest.fixture(scope="session")
 def sglang_config(tmp_path_factory):
     """Publish SGLang's process config (what /health and /model_info read through get_disagg() and
-    get_serving()) for a config-only checkpoint directory: no weights, CPU."""
+    get_serving()) for a config-only checkpoint directory: no weights, CPU. Returns the ServerArgs
+    (/server_info reads them from the TokenizerManager)."""
     from sglang.srt import runtime_context
     from sglang.srt.server_args import ServerArgs
     from transformers import LlamaConfig
@@ -209,6 +213,7 @@ def sglang_config(tmp_path_factory):
     cfg.save_pretrained(d)
     args = ServerArgs(model_path=str(d), weight_version="0", skip_tokenizer_init=True, device="cpu")
     runtime_context.publish(args, role=next(iter(runtime_context.ROLE_NAMESPACE_SETS)))
+    return args
 
 
 @pytest.fixture

@@ -1,0 +1,270 @@
+"""asyncrl's real WeightSender against SGLang 0.5.23's real HTTP app (weight_recorder.py: the recorder
+backend joins the gloo update group and receives the broadcast) and, with the same scenarios and the
+same assertion helpers, against a real embedded engine process (the tiny model). The sglang variant
+carries the `sglang` mark and skips where sglang is not importable; the embedded one runs everywhere
+the tiny model does.
+
+The one difference: the recorder holds a fixed tensor set (weight_recorder.HELD), so there the test
+also checks it holds exactly what was sent; the embedded engine holds a whole model, whose weights
+after a sync tests/weight_sync/test_sync.py checks token by token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import torch
+
+from asyncrl.engine.base import SamplingParams
+from asyncrl.engine.client import EngineClient
+from asyncrl.engine.launcher import launch_embedded
+from asyncrl.weight_sync import WeightMismatchError, WeightSender
+from asyncrl.weight_sync.disk import DiskTransport
+from asyncrl.weight_sync.distributed import GroupTransport
+from asyncrl.weight_sync.tensor import TensorTransport
+from tests.sglang.conftest import SGLangApp, skip_without_sglang
+from tests.sglang.weight_recorder import HELD, ModelRunner, WeightRecorder
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@dataclass
+class Engine:
+    kind: str  # "sglang" (SGLang's app, recorder backend) | "embedded"
+    url: str
+    tm: WeightRecorder | None = None  # the recorder, for the sglang variant
+
+    async def decoding(self) -> bool:
+        """Whether a request is producing tokens now."""
+        if self.tm is not None:
+            return self.tm.tokens_out >= 5
+        async with httpx.AsyncClient(trust_env=False) as h:
+            return (await h.get(self.url + "/stats")).json()["running"] > 0
+
+
+@pytest.fixture(scope="session")
+def model_runner() -> Iterator[ModelRunner]:
+    runner = ModelRunner()
+    yield runner
+    runner.close()
+
+
+@pytest.fixture(params=[pytest.param("sglang", marks=[pytest.mark.sglang, skip_without_sglang]), "embedded"])
+def engine(request) -> Iterator[Engine]:
+    if request.param == "sglang":
+        tm = WeightRecorder(request.getfixturevalue("sglang_config"), request.getfixturevalue("model_runner"))
+        with SGLangApp(tm) as app:
+            yield Engine("sglang", app.url, tm)
+        return
+    proc = launch_embedded(request.getfixturevalue("tiny_model_dir"), threads=1)
+    try:
+        yield Engine("embedded", proc.url)
+    finally:
+        proc.stop()
+
+
+def tensors(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=g) for n, s in HELD.items()}
+
+
+def buckets(named: dict[str, torch.Tensor]) -> list[list[tuple[str, torch.Tensor]]]:
+    items = list(named.items())
+    return [items[:2], items[2:]]  # two buckets: only the last one carries the version
+
+
+def gloo() -> WeightSender:
+    return WeightSender(GroupTransport("gloo", timeout_s=60), timeout_s=60)
+
+
+async def synced(engine: Engine, sender: WeightSender, named: dict[str, torch.Tensor], version: int):
+    await sender.connect([engine.url])
+    try:
+        return await sender.sync(iter(buckets(named)), version=version)
+    finally:
+        await sender.close()
+
+
+# ---- the contract, checked the same way on both engines ------------------------------------------
+
+def assert_idle_at(engine: Engine, version: int) -> None:
+    """/model_info reports `version` (a string); no session is open (end is refused with SGLang's 400);
+    generation runs (not paused) and reports the version."""
+    info = httpx.get(engine.url + "/model_info", timeout=10).json()
+    assert info["weight_version"] == str(version), info
+    r = httpx.post(engine.url + "/end_weight_update", json={}, timeout=10)
+    assert r.status_code == 400 and r.json()["success"] is False, r.text
+    r = httpx.post(engine.url + "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}},
+                   timeout=30)
+    assert r.status_code == 200 and r.json()["meta_info"]["weight_version"] == str(version), r.text
+
+
+def assert_holds(engine: Engine, named: dict[str, torch.Tensor]) -> None:
+    """The recorder holds exactly the sent tensors (the embedded engine: test_sync.py's token checks)."""
+    if engine.tm is not None:
+        assert engine.tm.params.keys() == named.keys()
+        assert all(torch.equal(engine.tm.params[n], t) for n, t in named.items())
+
+
+# ---- scenarios --------------------------------------------------------------------------------------
+
+async def test_distributed_sync_sets_the_version_and_the_tensors(engine):
+    sent, sender = tensors(1), gloo()
+    await sender.connect([engine.url])
+    try:
+        report = await sender.sync(iter(buckets(sent)), version=3)
+        group = sender.transport.group_name
+    finally:
+        await sender.close()
+    assert report.ok and report.engines_ok == [engine.url] and report.buckets == 2
+    assert report.collectives == len(sent) or engine.kind == "embedded"  # SGLang: one broadcast per tensor
+    assert_idle_at(engine, 3)
+    assert_holds(engine, sent)
+    if engine.tm is not None:
+        assert group and group not in engine.tm.runner("groups")  # close() destroyed it on SGLang's side too
+
+
+async def test_wrong_shape_is_refused_400_and_the_session_is_still_ended(engine):
+    good = tensors(2)
+    assert (await synced(engine, gloo(), good, 5)).ok
+    bad = {**tensors(3), "model.norm.weight": torch.zeros(3)}
+    with pytest.raises(WeightMismatchError) as err:
+        await synced(engine, gloo(), bad, 6)
+    assert err.value.code == "refused" and err.value.status == 400 and err.value.url == engine.url
+    if engine.tm is not None:
+        assert "Failed to update parameter online" in err.value.message and "torch.Size([3])" in err.value.message
+    else:
+        assert "model.norm.weight" in err.value.message
+    assert_idle_at(engine, 5)
+
+
+async def test_unknown_tensor_name_sglang_skips_it_the_embedded_engine_refuses(engine):
+    """A divergence of the two engines, pinned: SGLang's Llama loader logs a name it does not hold and
+    loads the rest (success, new version); the embedded engine refuses the bucket (WeightMismatchError).
+    A learner whose names do not match SGLang's therefore syncs silently: check names before a run."""
+    named = {**tensors(4), "model.not_a_layer.weight": torch.zeros(64)}
+    if engine.tm is not None:
+        assert (await synced(engine, gloo(), named, 7)).ok
+        assert engine.tm.skipped == ["model.not_a_layer.weight"]
+        assert_idle_at(engine, 7)
+        assert_holds(engine, tensors(4))
+        return
+    with pytest.raises(WeightMismatchError) as err:
+        await synced(engine, gloo(), named, 7)
+    assert err.value.code == "refused" and err.value.status == 400 and "model.not_a_layer.weight" in err.value.message
+    assert_idle_at(engine, 0)
+
+
+async def test_disk_sync_needs_no_session(engine, tmp_path):
+    sent = tensors(4)
+    sender = WeightSender(DiskTransport(str(tmp_path), timeout_s=60), timeout_s=60)
+    report = await synced(engine, sender, sent, 4)
+    assert report.ok and report.buckets == 2 and (tmp_path / "v4" / "model.safetensors.index.json").is_file()
+    assert_idle_at(engine, 4)
+    assert_holds(engine, sent)
+
+
+async def test_tensor_transport(engine):
+    if not torch.cuda.is_available():
+        pytest.skip("TensorTransport sends CUDA-IPC handles (ForkingPickler of CUDA tensors) and refuses "
+                    "to prepare without a GPU; CPU tensors would be pickled as shared-memory copies, "
+                    "which is not the colocated path it exists for")
+    sent = tensors(5)
+    report = await synced(engine, WeightSender(TensorTransport(timeout_s=60), timeout_s=60), sent, 8)
+    assert report.ok
+    assert_idle_at(engine, 8)
+    assert_holds(engine, {n: t.cuda().cpu() for n, t in sent.items()})
+
+
+async def test_a_session_left_open_by_a_dead_sender_is_closed_and_reopened(engine):
+    r = httpx.post(engine.url + "/begin_weight_update", json={}, timeout=10)
+    assert r.status_code == 200 and r.json()["success"] is True
+    r = httpx.post(engine.url + "/begin_weight_update", json={}, timeout=10)  # a second begin: refused
+    assert r.status_code == 400 and r.json()["success"] is False
+    sent = tensors(6)
+    report = await synced(engine, gloo(), sent, 2)
+    assert report.ok
+    assert_idle_at(engine, 2)
+    assert_holds(engine, sent)
+
+
+@pytest.mark.parametrize("mode,continued", [("in_place", 0), ("abort", 1)])
+async def test_a_generation_spanning_the_sync_reports_both_versions(engine, mode, continued):
+    """in_place (SGLang's retract): the request is kept; abort: cut short, and EngineClient continues it."""
+    n = 1500
+    sender = WeightSender(GroupTransport("gloo", timeout_s=60), timeout_s=60, mode=mode)
+    await sender.connect([engine.url])  # the group is built before the request starts
+    try:
+        async with EngineClient(engine.url) as client:
+            sp = SamplingParams(temperature=0.0, max_new_tokens=n, min_new_tokens=n)
+            task = asyncio.ensure_future(client.generate([1, 2, 3], sp))
+            while not await engine.decoding():
+                await asyncio.sleep(0.01)
+            assert (await sender.sync(iter(buckets(tensors(7))), version=1)).ok
+            res = await task
+    finally:
+        await sender.close()
+    assert res.finish_reason == "length" and len(res.output_ids) == n and client.continued == continued
+    k = res.versions.index(1)
+    assert 0 < k < n and res.versions == [0] * k + [1] * (n - k) and res.weight_version == 1
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/update_weights_from_distributed", {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]],
+                                          "group_name": "g", "weight_version": "9"}),
+    ("/end_weight_update", {}),
+    ("/destroy_weights_update_group", {"group_name": "no-such-group"}),
+], ids=["update-outside-session", "end-without-begin", "destroy-unknown-group"])
+def test_refusals_are_sglangs_400_with_success_false(engine, path, body):
+    r = httpx.post(engine.url + path, json=body, timeout=10)
+    assert r.status_code == 400 and r.json()["success"] is False and r.json()["message"], r.text
+    assert httpx.get(engine.url + "/model_info", timeout=10).json()["weight_version"] == "0"
+
+
+@pytest.mark.parametrize("body", [{"names": "model.norm.weight"}, {"dtypes": ["float32"]}, [1, 2]],
+                         ids=["names-not-a-list", "no-names", "not-an-object"])
+def test_malformed_update_is_a_4xx_without_success(engine, body):
+    """A body SGLang cannot parse never reaches the backend: an error object, no "success" key, which
+    the sender classifies as its own configuration error (engine_http.classify)."""
+    r = httpx.post(engine.url + "/update_weights_from_distributed", json=body, timeout=10)
+    assert 400 <= r.status_code < 500 and "success" not in r.json(), r.text
+    assert httpx.get(engine.url + "/model_info", timeout=10).json()["weight_version"] == "0"
+
+
+@pytest.mark.sglang
+@skip_without_sglang
+async def test_flush_with_requests_running_fails_the_update_so_the_sender_pauses_with_retract(
+        sglang_config, model_runner):
+    """Why trainer.weight_sync.mode=in_place is sent as SGLang's "retract": under an in_place pause the
+    requests keep their batch, and an update with flush_cache=true answers 400 (SGLang's scheduler)."""
+    tm = WeightRecorder(sglang_config, model_runner)
+    with SGLangApp(tm) as app:
+        sender = gloo()
+        await sender.connect([app.url])
+        try:
+            async with EngineClient(app.url, max_abort_rounds=0) as client:  # the abort below ends it
+                task = asyncio.ensure_future(client.generate([1], SamplingParams(max_new_tokens=100000)))
+                while tm.tokens_out < 5:
+                    await asyncio.sleep(0.01)
+                body = {"names": [], "dtypes": [], "shapes": [], "group_name": sender.transport.group_name,
+                        "weight_version": "1", "flush_cache": True}
+                async with httpx.AsyncClient(base_url=app.url, timeout=30) as h:
+                    replies = {}
+                    for mode in ("in_place", "retract"):
+                        assert (await h.post("/pause_generation", json={"mode": mode})).status_code == 200
+                        assert (await h.post("/begin_weight_update", json={})).status_code == 200
+                        replies[mode] = await h.post("/update_weights_from_distributed", json=body)
+                        assert (await h.post("/end_weight_update", json={})).status_code == 200
+                    r = replies["in_place"]
+                    assert r.status_code == 400 and "cache was not flushed" in r.json()["message"], r.text
+                    r = replies["retract"]
+                    assert r.status_code == 200 and r.json()["success"] is True and tm.weight_version == "1", r.text
+                    await h.post("/abort_request", json={"abort_all": True})
+                    await h.post("/continue_generation", json={})
+                await task
+        finally:
+            await sender.close()
