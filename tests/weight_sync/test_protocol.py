@@ -12,6 +12,7 @@ import pytest
 from asyncrl.config import WeightSyncConfig
 from asyncrl.weight_sync import WeightMismatchError, WeightSender, WeightSyncError, make_sender
 from asyncrl.weight_sync.disk import DiskTransport
+from asyncrl.weight_sync.distributed import GroupTransport
 from asyncrl.weight_sync.engine_http import EngineHTTP, classify
 
 
@@ -42,6 +43,15 @@ def test_error_codes_are_closed_and_mismatch_is_a_refusal():
     assert WeightSyncError("timeout", "x").engine_is_down and WeightSyncError("unreachable", "x").engine_is_down
 
 
+def _send_json(handler: BaseHTTPRequestHandler, status: int, body: object) -> None:
+    raw = json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(raw)))
+    handler.end_headers()
+    handler.wfile.write(raw)
+
+
 class _Scripted(BaseHTTPRequestHandler):
     """Answers every request with the status and body scripted for its path."""
 
@@ -51,12 +61,7 @@ class _Scripted(BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(n)
         status, body = self.script.get(self.path, (404, {"detail": "Not Found"}))
-        raw = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
+        _send_json(self, status, body)
 
     do_GET = do_POST = _answer
 
@@ -145,8 +150,6 @@ async def test_every_tp_rank_joins_the_group_and_a_paused_engine_is_not_blamed(t
     """Two SGLang-shaped servers with tp_size 2 and 3, whose /health answers 503 (paused SGLang):
     the probe is /model_info, world_size counts every TP rank and rank_offsets follow them. The
     servers refuse to join, so the group is not built and both are left out (reported, not raised)."""
-    from asyncrl.weight_sync.distributed import GroupTransport
-
     bodies: list[dict] = []
 
     def server_with(tp: int):
@@ -161,11 +164,7 @@ async def test_every_tp_rank_joins_the_group_and_a_paused_engine_is_not_blamed(t
                 }.get(self.path, (404, {"detail": "Not Found"}))
                 if self.path == "/init_weights_update_group":
                     bodies.append(body)
-                raw = json.dumps(reply).encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
+                _send_json(self, status, reply)
 
             do_GET = do_POST = _answer
 
