@@ -223,11 +223,21 @@ class TrainerConfig:
     dump_trajectories: float = 1.0  # fraction of trajectories written to trajectories.jsonl
     progress: bool = True
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    max_prompt_retries: int = 2  # re-issues of a prompt whose group the buffer dropped unserved; then skipped
+    stall_timeout_s: float = 1800.0  # watchdog: stop (exit 4) when no step was trained for this long; 0: off
+    max_failed_episode_fraction: float = 0.9  # watchdog: stop (exit 4) when more of the recent episodes failed
+    failed_episode_window: int = 64  # ... the last episodes each rollout worker keeps; judged once this many exist
 
     def __post_init__(self) -> None:
         _check(self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}")
         _check(self.batch_groups >= 1, "trainer.batch_groups", f"must be >= 1, got {self.batch_groups}")
         _check(0.0 <= self.dump_trajectories <= 1.0, "trainer.dump_trajectories", "must be in [0, 1]")
+        _check(self.max_prompt_retries >= 0, "trainer.max_prompt_retries", f"must be >= 0, got {self.max_prompt_retries}")
+        _check(self.stall_timeout_s >= 0, "trainer.stall_timeout_s", f"must be >= 0 (0: off), got {self.stall_timeout_s}")
+        _check(0.0 < self.max_failed_episode_fraction <= 1.0, "trainer.max_failed_episode_fraction",
+               f"must be in (0, 1] (1: off), got {self.max_failed_episode_fraction}")
+        _check(self.failed_episode_window >= 1, "trainer.failed_episode_window",
+               f"must be >= 1, got {self.failed_episode_window}")
 
 
 @dataclass
