@@ -35,7 +35,7 @@ class RolloutActor:
             tokenizer=load_tokenizer(cfg.model), buffer_address=address, output_dir=output_dir,
             tool_overrides=overrides, position=self.position, version=self.version,
         )
-        self.task = asyncio.create_task(self.worker.run(reissue=self.position.inflight_positions))
+        self.task = asyncio.create_task(self.worker.run())  # re-issues the position's in-flight groups first
 
     async def set_version(self, version: int) -> None:
         await self.worker.set_version(version)

@@ -122,7 +122,10 @@ class RolloutWorker:
         )
         self.producer = AsyncBufferProducer(buffer_address)
         self._episodes = asyncio.Semaphore(cfg.trainer.episodes_per_worker)
-        self.inflight: dict[int, PromptDraw] = {}  # position -> draw, for re-issue after a crash
+        # position -> draw, for re-issue after a crash; a restarted worker's own start here, so that its
+        # state() names them even before run() has re-issued them
+        self.inflight: dict[int, PromptDraw] = {p: self.source.at(p, self.retries.get(p, 0))
+                                                for p in position.inflight_positions}
         self.counts = {"episodes": 0, "episode_errors": 0, "episodes_failed": 0, "groups_started": 0,
                        "groups_done": 0, "groups_dropped": 0, "prompts_reissued": 0, "reward_sum": 0.0}
         self.errors = ErrorTally()
@@ -181,10 +184,10 @@ class RolloutWorker:
 
     # ------------------------------------------------------------------ the loop
 
-    async def run(self, reissue: list[int] | None = None) -> None:
-        """Run until stopped. Positions in `reissue` (in flight when a previous worker died) go first."""
+    async def run(self) -> None:
+        """Run until stopped. The position's in-flight groups (started when a previous worker died) go first."""
         tasks: set[asyncio.Task] = set()
-        pending = [self.source.at(p, self.retries.get(p, 0)) for p in (reissue or [])]
+        pending = list(self.inflight.values())
         try:
             while not self._stop.is_set():
                 if pending:
@@ -203,7 +206,7 @@ class RolloutWorker:
                         draw = self.source.at(p, self.retries.get(p, 0))
                     else:
                         draw = self.source.next()
-                self.inflight[draw.position] = draw
+                self.inflight[draw.position] = draw  # (a re-issued one is there already)
                 self.counts["groups_started"] += 1
                 task = asyncio.create_task(self._run_group(draw))
                 tasks.add(task)
