@@ -154,16 +154,17 @@ class RolloutWorker:
     async def groups_dropped(self, group_ids: list[str]) -> RolloutState:
         """The buffer closed these groups without serving them: give their starts back and issue their
         prompts again (at most `trainer.max_prompt_retries` times, then skip them). A report for a group
-        that is not its prompt's current one (handled before) or not this worker's is ignored."""
+        that is not its prompt's current one (handled before), not drawn yet, or not this worker's is ignored."""
         for gid in group_ids:
             try:
                 p, k = parse_group_id(gid)
             except ValueError as e:
                 log.warning("drop report ignored: %s", e)
                 continue
-            if p % self.num_workers != self.worker_id or k != self.retries.get(p, 0):
-                log.warning("drop report for %s ignored: not this worker's (%d of %d) current group of prompt %d",
-                            gid, self.worker_id, self.num_workers, p)
+            if (p % self.num_workers != self.worker_id or p >= self.source.next_position
+                    or k != self.retries.get(p, 0)):
+                log.warning("drop report for %s ignored: not a group this worker (%d of %d) has started and not "
+                            "yet seen dropped", gid, self.worker_id, self.num_workers)
                 continue
             self.retries[p] = k + 1
             if (draw := self.inflight.get(p)) is not None and draw.retry == k:

@@ -81,6 +81,6 @@ async def test_a_dropped_group_returns_its_budget_and_is_reissued_then_skipped(t
     again = _worker(cfg, tokenizer, engine, svc.address, tmp_path, position=pos)
     assert (again.gate.started, again.gate.returned) == (4, 3)
     assert again.state().position == pos  # g1, in flight when the first one stopped, is named before run()
-    after = await again.groups_dropped(["g0r2", "g0r1", "g0", "g1r1", "val-3"])  # handled, not current, hostile
+    after = await again.groups_dropped(["g0r2", "g0r1", "g0", "g1r1", "g9", "val-3"])  # handled, not current, not drawn, hostile
     assert after.position == pos
     await again.producer.close()
