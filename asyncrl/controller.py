@@ -97,15 +97,20 @@ def run(cfg: Config) -> int:
         except Exception as e:  # the summary must not keep the run's parts from being stopped
             log.error("could not collect the run's summary: %r", e)
             counts = {}
-        summary = {**ending, **counts}
-        if ending["exit_code"] == EXIT_OK and summary.get("prompts_skipped"):
-            ending.update(exit_code=EXIT_SKIPPED, exit_reason=f"completed, {summary['prompts_skipped']} prompts skipped")
-            summary.update(ending)
+        summary = settle(ending, counts)
         fleet.shutdown()
         metrics.close()
         ray.shutdown()
         _report(out, summary)
-    return ending["exit_code"]
+    return summary["exit_code"]
+
+
+def settle(ending: dict[str, Any], counts: dict[str, Any]) -> dict[str, Any]:
+    """The run's summary: how it ended and what it did. A run that completed but skipped prompts exits 3."""
+    summary = {**ending, **counts}
+    if summary["exit_code"] == EXIT_OK and summary.get("prompts_skipped"):
+        summary.update(exit_code=EXIT_SKIPPED, exit_reason=f"completed, {summary['prompts_skipped']} prompts skipped")
+    return summary
 
 
 def _report(out: Path, summary: dict[str, Any]) -> None:

@@ -1,9 +1,10 @@
-"""The progress watchdog (pure): stall and failing verdicts, and the diagnosis it builds from what it saw."""
+"""The progress watchdog (pure): stall and failing verdicts, the diagnosis it builds, and the exit status a run settles on."""
 
 from __future__ import annotations
 
 import pytest
 
+from asyncrl.controller import settle
 from asyncrl.job_state import EpisodeError, RolloutPosition, RolloutState
 from asyncrl.watchdog import Watchdog
 
@@ -65,3 +66,11 @@ def test_failing_wins_over_stall_and_fraction_one_is_off():
 def test_bad_settings_are_refused(kw):
     with pytest.raises(ValueError, match="watchdog"):
         dog(**kw)
+
+
+@pytest.mark.parametrize("code,skipped,expected", [(0, 0, 0), (0, 2, 3), (4, 2, 4), (130, 1, 130), (1, 5, 1)])
+def test_the_exit_status_says_a_completed_run_skipped_prompts(code, skipped, expected):
+    ending = {"exit_code": code, "exit_reason": "x", "diagnosis": ""}
+    summary = settle(ending, {"prompts_skipped": skipped, "steps_trained": 3})
+    assert summary["exit_code"] == expected and summary["steps_trained"] == 3
+    assert (summary["exit_reason"] == "completed, 2 prompts skipped") is (expected == 3)
