@@ -116,7 +116,7 @@ def settle(ending: dict[str, Any], counts: dict[str, Any]) -> dict[str, Any]:
 def _report(out: Path, summary: dict[str, Any]) -> None:
     """The run's summary as summary.json and one line on stdout; a watchdog's diagnosis last on stderr."""
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    n = {k: summary.get(k, "?") for k in ("steps_trained", "episodes", "episodes_failed", "prompts_skipped",
+    n = {k: "?" if summary.get(k) is None else summary[k] for k in ("steps_trained", "episodes", "episodes_failed", "prompts_skipped",
                                          "groups_dropped_stale", "groups_dropped_failed", "worker_restarts",
                                          "engine_restarts")}
     print(f"asyncrl train: {summary['exit_reason']} (exit {summary['exit_code']}): {n['steps_trained']} steps "

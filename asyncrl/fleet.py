@@ -170,7 +170,7 @@ class Fleet:
                 self.supervisor.record(r, st)
         self._undelivered = keep
 
-    def summary(self) -> dict[str, int]:
+    def summary(self) -> dict[str, int | None]:
         """What this run did, for its final summary. Episodes and groups are the buffer's counts (it outlives
         worker restarts, whose counters start again), skipped prompts the workers' positions (which a
         restart and a resume keep)."""
@@ -181,13 +181,17 @@ class Fleet:
                     self.supervisor.record(r, st)
         states, stats = self.worker_states(), self.buffer_stats()
         faults = self.supervisor.faults if self.supervisor is not None else {}
+
+        def buffer_count(key: str) -> int | None:  # None: the buffer did not answer (unknown, not zero)
+            return int(stats[key]) if key in stats else None
+
         return {"steps_trained": self.step, "total_steps": self.cfg.trainer.total_steps,
-                "episodes": int(stats.get("received", 0)), "episodes_failed": int(stats.get("failed_reported", 0)),
+                "episodes": buffer_count("received"), "episodes_failed": buffer_count("failed_reported"),
                 "prompts_skipped": sum(s.position.prompts_skipped for s in states),
                 "prompts_reissued": sum(s.prompts_reissued for s in states),
-                "groups_dropped_stale": int(stats.get("groups_dropped_stale", 0)),
-                "groups_dropped_failed": int(stats.get("groups_dropped_failed", 0)),
-                "trajectories_dropped_stale": int(stats.get("dropped_stale", 0)),
+                "groups_dropped_stale": buffer_count("groups_dropped_stale"),
+                "groups_dropped_failed": buffer_count("groups_dropped_failed"),
+                "trajectories_dropped_stale": buffer_count("dropped_stale"),
                 "worker_restarts": int(faults.get("faults/worker_restarts", 0)),
                 "engine_restarts": int(faults.get("faults/engine_restarts", 0))}
 
