@@ -143,9 +143,10 @@ def check_model(cfg: Config) -> tuple[Optional[str], list[str]]:
         if not any(next(path.glob(p), None) for p in WEIGHT_FILES):
             missing.append(f"weights ({', '.join(WEIGHT_FILES)})")
         if not any((path / f).is_file() for f in TOKENIZER_FILES):
-            missing.append(f"a tokenizer ({', '.join(TOKENIZER_FILES)})")
+            missing.append(f"tokenizer files ({', '.join(TOKENIZER_FILES)})")
         if missing:
-            return None, [f"{where}: not a Hugging Face checkpoint directory: no {'; no '.join(missing)} in {path.resolve()}"]
+            return None, [f"{where}: not a Hugging Face checkpoint directory ({path.resolve()}): "
+                          f"missing {'; '.join(missing)}"]
         return str(path), []
     if m.name != DEFAULT_MODEL:
         return None, [f"model.name={m.name!r}: not a known default model (known: {DEFAULT_MODEL!r}); "

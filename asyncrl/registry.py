@@ -98,25 +98,31 @@ def alias(kind: str, other: str, name: str) -> None:
 def import_failure(label: str, e: BaseException) -> PluginError:
     """One line for a plugin that failed to import: where (file, line) and why."""
     if isinstance(e, SyntaxError):
-        return PluginError(f"plugin {label}: syntax error in {e.filename} at line {e.lineno}: {e.msg}")
+        where = "" if e.filename == label else f" in {e.filename}"
+        return PluginError(f"plugin {label}: syntax error{where} at line {e.lineno}: {e.msg}")
     if isinstance(e, ImportError):
         return PluginError(f"plugin {label}: cannot import {e.name or 'a module'!r} ({e})")
-    frames = traceback.extract_tb(e.__traceback__)
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename != __file__]  # the plugin's line
     at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
     return PluginError(f"plugin {label}: {type(e).__name__} while importing{at}: {e}")
 
 
 def _exec_file(mod_name: str, path: Path, origin: str) -> Any:
-    """Import the file `path` as module `mod_name`; a failure leaves no half-imported module behind."""
+    """Import the file `path` as module `mod_name`; a failure leaves no half-imported module behind, and
+    nothing it registered before failing."""
     spec = importlib.util.spec_from_file_location(mod_name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
+    before = {kind: set(table) for kind, table in _registry.items()}
     with _origin(origin):
         try:
             spec.loader.exec_module(module)
         except Exception as e:
             del sys.modules[mod_name]
+            for kind, table in _registry.items():
+                for name in set(table) - before[kind]:
+                    del table[name]
             raise import_failure(str(path), e) from e
     return module
 
