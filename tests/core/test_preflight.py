@@ -146,6 +146,16 @@ def test_model_path_must_hold_config_weights_and_tokenizer(tmp_path, tiny_model_
                    "(tokenizer.json, tokenizer_config.json, tokenizer.model)")
 
 
+def test_default_model_is_found_without_converting_it(tmp_path):
+    """An empty cache: preflight points at the GGUF the run will convert, and converts nothing itself."""
+    cache = tmp_path / "cache"
+    model, problems = check_model(load_config([f"model.cache_dir={cache}"]))
+    assert problems == [] and model.endswith("SmolLM2-135M-Instruct.Q4_1.gguf") and Path(model).is_file()
+    assert not cache.exists()
+    assert check_model(load_config(["model.name=llama-7b"]))[1] == [
+        "model.name='llama-7b': not a known default model (known: 'smollm2-135m'); use model=custom model.path=DIR"]
+
+
 # ----------------------------------------------------------------------------- prompt lengths
 
 
