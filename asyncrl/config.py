@@ -325,6 +325,10 @@ class Config:
     def __post_init__(self) -> None:
         if self.trainer.mode == "sync" and self.algorithm.max_staleness != 0:  # the one place sync means eta 0
             self.algorithm = dataclasses.replace(self.algorithm, max_staleness=0)
+        longest = self.agent.max_prompt_tokens + self.agent.max_response_tokens
+        _check(self.engine.type != "embedded" or longest <= self.engine.max_running_tokens, "engine.max_running_tokens",
+               f"{self.engine.max_running_tokens} is less than agent.max_prompt_tokens + agent.max_response_tokens = "
+               f"{longest}: the embedded engine could not hold the longest episode allowed")
         # SGLang reports the logprob after its min_new_tokens ban on stop tokens (renormalized), the
         # learner before it (asyncrl/engine/sampling.py): the importance ratios would be wrong
         min_new = self.agent.sampling.min_new_tokens

@@ -115,6 +115,15 @@ def test_numeric_ranges_are_checked_at_load(override, message):
     assert str(e.value) == message
 
 
+def test_the_embedded_engine_must_hold_the_longest_episode():
+    with pytest.raises(ConfigError) as e:
+        load_config(["engine.max_running_tokens=1000", "agent.max_prompt_tokens=600", "agent.max_response_tokens=500"])
+    assert str(e.value) == ("engine.max_running_tokens: 1000 is less than agent.max_prompt_tokens + "
+                            "agent.max_response_tokens = 1100: the embedded engine could not hold the longest episode allowed")
+    assert load_config(["engine.max_running_tokens=1100", "agent.max_prompt_tokens=600",
+                        "agent.max_response_tokens=500"]).engine.max_running_tokens == 1100
+
+
 def test_group_estimators_need_two_samples_a_prompt():
     for est in ("grpo", "drgrpo", "rloo"):
         with pytest.raises(ConfigError, match=rf"algorithm.n_samples: must be >= 2 with adv_estimator={est} "):
