@@ -48,7 +48,8 @@ class RunStopped(Exception):
         self.verdict = verdict
 
 
-def run(cfg: Config) -> int:
+def run(cfg: Config, rows: list[dict] | None = None) -> int:
+    """Train; `rows`: the training rows as preflight checked them (None: load them here)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(cfg.trainer.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -57,7 +58,7 @@ def run(cfg: Config) -> int:
     from asyncrl.env_api import resolve_env
 
     env = resolve_env(cfg.env.name)
-    rows = load_rows(cfg, env, "train")
+    rows = load_rows(cfg, env, "train") if rows is None else rows
     log.info("output dir %s; %d training prompts; mode %s, max_staleness %d", out, len(rows),
              cfg.trainer.mode, cfg.algorithm.max_staleness)
     ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, include_dashboard=False,

@@ -28,6 +28,7 @@ from typing import Any, Optional
 import ray
 
 from asyncrl.config import Config
+from asyncrl.env_api import load_rows
 from asyncrl.job_state import JobState, RolloutPosition, RolloutState, StepResult
 from asyncrl.learner.checkpoint import step_dir
 from asyncrl.learner_group import LearnerGroup
@@ -36,16 +37,6 @@ from asyncrl.supervisor import Supervisor
 
 log = logging.getLogger("asyncrl")
 STOP_TIMEOUT_S = 30.0
-
-
-def load_rows(cfg: Config, env: Any, split: str) -> list[dict[str, Any]]:
-    """Rows from the configured parquet/jsonl file if one is named, else built by the env."""
-    path = cfg.env.train_file if split == "train" else cfg.env.val_file
-    if path:
-        from asyncrl.data import read_rows
-
-        return read_rows(path, skip_bad=cfg.env.skip_bad_rows)
-    return env.build(cfg.env, split)
 
 
 class Fleet:
