@@ -19,6 +19,7 @@ The reply is stdout, then stderr and the exit status if the run failed or was ki
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import signal
@@ -71,14 +72,17 @@ class PythonTool(Tool):
             log.warning("python tool: isolation cannot be set up here (%s); running model-written code UNISOLATED "
                         "because allow_unisolated is true", missing)
         self._dirs: dict[str, str] = {}
+        self._locks: dict[str, asyncio.Lock] = {}  # calls of one episode share its files: one at a time
 
     async def create(self, instance_id: str, **create_kwargs: Any) -> str:
         if instance_id not in self._dirs:
             self._dirs[instance_id] = runner.new_episode_dir()
+            self._locks[instance_id] = asyncio.Lock()
         return instance_id
 
     async def release(self, instance_id: str) -> None:
         d = self._dirs.pop(instance_id, None)
+        self._locks.pop(instance_id, None)
         if d:
             shutil.rmtree(d, ignore_errors=True)
 
@@ -90,7 +94,8 @@ class PythonTool(Tool):
         if instance_id not in self._dirs:
             await self.create(instance_id)
         try:
-            r = await runner.run(self._dirs[instance_id], params["code"], self.limits, isolate=self.isolated)
+            async with self._locks[instance_id]:
+                r = await runner.run(self._dirs[instance_id], params["code"], self.limits, isolate=self.isolated)
         except runner.SandboxError as e:
             raise ToolError(f"the sandbox failed: {e}") from e
         timed_out, capped = r.killed == "timeout", r.killed == "output"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import os
 import select
+import shutil
 import socket
 import subprocess
 import sys
@@ -335,6 +336,31 @@ asyncio.run(t.release('x'))
 """
 
 
+ONE_UID = """
+import asyncio
+from asyncrl.tools.python import PythonTool
+t = PythonTool()
+code = "import os\\nopen('kept', 'w').write('k')\\nprint(os.getuid(), os.getcwd())\\nopen('/etc/x', 'w')"
+print('FIRST:', asyncio.run(t.execute('x', {'code': code}))[0])
+print('SECOND:', asyncio.run(t.execute('x', {'code': 'print(open(\\'kept\\').read())'}))[0])
+asyncio.run(t.release('x'))
+"""
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux unshare is needed to make the outer namespace")
+def test_an_unprivileged_user_gets_the_nested_identity(tmp_path):
+    """Inside a user namespace that maps one uid (what an ordinary user has), 65534 cannot be mapped:
+    the program gets it from a nested user namespace instead, and is as contained."""
+    script = tmp_path / "one_uid.py"
+    script.write_text(ONE_UID)
+    p = subprocess.run(["unshare", "--user", "--map-root-user", sys.executable, str(script)],
+                       capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0, p.stderr
+    assert "FIRST: 65534 /tmp/work\n" in p.stdout and "OSError: [Errno 30] Read-only file system: '/etc/x'" in p.stdout
+    assert "SECOND: k\n" in p.stdout, p.stdout
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux unshare is needed to make the outer namespace")
 def test_refuses_without_user_namespaces_unless_allowed(tmp_path):
     """A real kernel refusal: a user namespace whose user.max_user_namespaces is 0 can create none."""
     script = tmp_path / "no_userns.py"

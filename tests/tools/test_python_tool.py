@@ -3,6 +3,7 @@ The hostile corpus (escapes of the sandbox) is test_python_sandbox.py."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -72,6 +73,12 @@ def test_config_is_checked_before_anything_runs():
 async def test_stderr_and_exit_status_follow_stdout(tool):
     text, _, m = await tool.execute("ep", {"code": "import sys\nprint('out')\nsys.exit('bad input')"})
     assert text == "out\nbad input\n[exit code 1]" and m["exit_code"] == 1.0
+
+
+async def test_concurrent_calls_of_one_episode_keep_all_their_files(tool):
+    codes = [f"open('f{i}', 'w').write('{i}')" for i in range(3)]
+    await asyncio.gather(*(tool.execute("ep", {"code": c}) for c in codes))
+    assert sorted(os.listdir(tool.workdir("ep"))) == ["f0", "f1", "f2", "main.py"]
 
 
 async def test_output_is_capped(tool):
