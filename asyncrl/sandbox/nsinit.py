@@ -227,6 +227,10 @@ def build_view(root: str, cfg: dict, uid: int) -> None:
     for m in masked:
         mount(None, m, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for p in ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"):  # the kernel's knobs: read-only
+        if os.path.exists(root + p):
+            mount(root + p, root + p, None, MS_BIND | MS_REC)
+            mount(None, root + p, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
 def pivot(root: str) -> None:

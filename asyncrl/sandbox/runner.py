@@ -49,6 +49,15 @@ class Limits:
     scratch_inodes: int = 4096
     hide: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "cpu_s", "memory_mb", "max_file_mb", "max_processes", "max_output_bytes",
+                     "scratch_mb", "scratch_inodes"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"sandbox limit {name}={getattr(self, name)!r}: must be > 0")
+        for p in self.hide:
+            if not (isinstance(p, str) and os.path.isabs(p) and os.path.isdir(p)):
+                raise ValueError(f"sandbox hide: {p!r} is not the absolute path of an existing directory")
+
 
 @dataclass
 class RunResult:
@@ -73,9 +82,6 @@ def _expose(interpreter: str) -> list[str]:
 
 def _config(episode_dir: str, limits: Limits, isolate: bool, interpreter: str) -> dict:
     cwd = "/tmp/work" if isolate else os.path.join(episode_dir, "files")
-    for p in limits.hide:
-        if not os.path.isabs(p):
-            raise ValueError(f"sandbox hide: {p!r} is not an absolute path")
     return {"isolate": isolate, "episode_dir": episode_dir, "cwd": cwd, "hide": list(limits.hide),
             "expose": _expose(interpreter), "scratch_mb": int(limits.scratch_mb),
             "scratch_inodes": int(limits.scratch_inodes), "timeout_s": float(limits.timeout_s),

@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -151,6 +152,32 @@ async def test_files_outside_the_view_are_unreadable(tool, tmp_path):
     finally:
         await tool.release("other")
     assert "done" in text and secret not in text and "root:" not in text, text
+    await still_answers(tool)
+
+
+async def test_configured_paths_are_hidden():
+    """`hide` covers a host directory outside the default masks (here: one in the repository's .venv)."""
+    secret = f"hidden-secret-{uuid.uuid4().hex}"
+    d = Path(tempfile.mkdtemp(dir=REPO / ".venv", prefix="hide-test-"))
+    try:
+        (d / "out.txt").write_text(secret)
+        t = PythonTool({**CFG, "hide": [str(d)]})
+        text, _, _ = await t.execute("ep", {"code": f"import os\nprint(os.listdir({str(d)!r}))\n"
+                                                     f"print(open({str(d / 'out.txt')!r}).read())"})
+        assert text.startswith("[]\n") and "FileNotFoundError" in text and secret not in text, text
+        with pytest.raises(ValueError, match="is not the absolute path of an existing directory"):
+            PythonTool({"hide": ["relative/dir"]})
+        await t.release("ep")
+    finally:
+        shutil.rmtree(d)
+
+
+async def test_kernel_knobs_in_proc_are_read_only(tool):
+    """EROFS, not EACCES: the read-only bind stops a program even where its uid is the host's root."""
+    code = ("for p in ['/proc/sys/kernel/hostname', '/proc/sys/vm/drop_caches']:\n    try:\n"
+            "        open(p, 'w').write('x')\n        print('WROTE', p)\n    except OSError as e:\n"
+            "        print('refused', e.errno)")
+    assert await run(tool, code) == "refused 30\nrefused 30\n"
     await still_answers(tool)
 
 
