@@ -16,7 +16,9 @@ files are copied back (regular files and directories only; links are never follo
 What it does not cover: host files readable by "other" stay readable (the view is the host's root,
 read-only); CPU time across the allowed processes and memory across them are each bounded only per
 process (RLIMIT_* are per process; no cgroup is used); a unix socket file in a visible directory can
-be connected to if its mode lets "other" write it; kernel bugs are out of scope (no seccomp filter).
+be connected to if its mode lets "other" write it; when only one uid can be mapped (an ordinary
+user), the program keeps that user's file permissions on the read-only view; kernel bugs are out of
+scope (no seccomp filter).
 
 `runner.py` is the host side (episode dirs, probe, one run); `nsinit.py` runs in the namespaces.
 """

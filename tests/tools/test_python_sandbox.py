@@ -1,8 +1,9 @@
 """A corpus of hostile programs, each run through the real python tool in the real sandbox.
 
 Every case asserts that the attack is contained on the host (files, processes, sockets the test made
-itself) and that the tool still answers a normal program afterwards. None of these hold for the
-audit-hook tool this replaced (relative paths after chdir, dir_fd, ctypes fork, /proc of the host).
+itself) and that the tool still answers a normal program afterwards. The audit-hook tool this
+replaced failed the writes (relative paths after chdir, dir_fd, ctypes), the reads of /proc and
+/tmp, the daemon, the disk fill and the fork cases; only the single-process CPU limit held there.
 """
 
 from __future__ import annotations
