@@ -182,8 +182,10 @@ def mkdirs(path: str) -> None:
 
 
 def mask(root: str, path: str) -> str | None:
+    """Cover a host directory with an empty tmpfs (made read-only later). A path that goes through a
+    symlink is skipped: mount(2) would follow it out of the view; its real path is covered or not."""
     target = root + path
-    if not os.path.isdir(target) or os.path.islink(target):
+    if os.path.realpath(path) != path or not os.path.isdir(target):
         return None
     mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,nr_inodes=256,mode=0755")
     return target

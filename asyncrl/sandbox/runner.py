@@ -57,6 +57,7 @@ class Limits:
         for p in self.hide:
             if not (isinstance(p, str) and os.path.isabs(p) and os.path.isdir(p)):
                 raise ValueError(f"sandbox hide: {p!r} is not the absolute path of an existing directory")
+        self.hide = [os.path.realpath(p) for p in self.hide]  # the view is masked at real paths only
 
 
 @dataclass
@@ -68,7 +69,7 @@ class RunResult:
 
 
 def new_episode_dir() -> str:
-    d = tempfile.mkdtemp(prefix="asyncrl-py-")
+    d = os.path.realpath(tempfile.mkdtemp(prefix="asyncrl-py-"))
     os.mkdir(os.path.join(d, "files"), 0o700)
     os.mkdir(os.path.join(d, "root"), 0o700)
     return d

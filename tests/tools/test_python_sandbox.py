@@ -157,12 +157,15 @@ async def test_files_outside_the_view_are_unreadable(tool, tmp_path):
 
 
 async def test_configured_paths_are_hidden():
-    """`hide` covers a host directory outside the default masks (here: one in the repository's .venv)."""
+    """`hide` covers a host directory outside the default masks (here: one in the repository's .venv),
+    named through a symlink: the real directory is what gets covered."""
     secret = f"hidden-secret-{uuid.uuid4().hex}"
     d = Path(tempfile.mkdtemp(dir=REPO / ".venv", prefix="hide-test-"))
+    link = d.with_name(d.name + "-link")
     try:
+        link.symlink_to(d)
         (d / "out.txt").write_text(secret)
-        t = PythonTool({**CFG, "hide": [str(d)]})
+        t = PythonTool({**CFG, "hide": [str(link)]})
         text, _, _ = await t.execute("ep", {"code": f"import os\nprint(os.listdir({str(d)!r}))\n"
                                                      f"print(open({str(d / 'out.txt')!r}).read())"})
         assert text.startswith("[]\n") and "FileNotFoundError" in text and secret not in text, text
@@ -171,6 +174,7 @@ async def test_configured_paths_are_hidden():
         await t.release("ep")
     finally:
         shutil.rmtree(d)
+        link.unlink(missing_ok=True)
 
 
 async def test_kernel_knobs_in_proc_are_read_only(tool):
