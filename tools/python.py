@@ -46,7 +46,7 @@ class PythonTool(Tool):
     }
     defaults = {"timeout_s": 10.0, "cpu_seconds": 5, "memory_mb": 512, "max_file_mb": 16,
                 "max_output_bytes": 8192, "network_namespace": True, "allow_unisolated": False,
-                "scratch_mb": 64, "scratch_inodes": 4096, "max_processes": 32, "hide": []}
+                "scratch_mb": 64, "scratch_inodes": 4096, "max_processes": 16, "hide": []}
 
     def __init__(self, config: dict | None = None, tool_schema: dict | None = None):
         super().__init__(config, tool_schema)

@@ -43,7 +43,7 @@ class Limits:
     cpu_s: int = 5
     memory_mb: int = 512
     max_file_mb: int = 16
-    max_processes: int = 32
+    max_processes: int = 16
     max_output_bytes: int = 8192
     scratch_mb: int = 64
     scratch_inodes: int = 4096
