@@ -306,9 +306,11 @@ def drop_and_exec(cfg: dict, identity: str, out_w: int, err_w: int) -> None:
                     f.write(text)
         check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
         lim = cfg["limits"]
-        for name, value in (("RLIMIT_CPU", lim["cpu_s"]), ("RLIMIT_AS", lim["as_bytes"]),
-                            ("RLIMIT_FSIZE", lim["fsize_bytes"]), ("RLIMIT_NPROC", lim["nproc"]),
-                            ("RLIMIT_NOFILE", 64), ("RLIMIT_CORE", 0)):
+        limits = [("RLIMIT_CPU", lim["cpu_s"]), ("RLIMIT_AS", lim["as_bytes"]), ("RLIMIT_FSIZE", lim["fsize_bytes"]),
+                  ("RLIMIT_NOFILE", 64), ("RLIMIT_CORE", 0)]
+        if identity != "plain":  # RLIMIT_NPROC counts all processes of the uid: only ours in a namespace
+            limits.append(("RLIMIT_NPROC", lim["nproc"]))
+        for name, value in limits:
             hard = value + 1 if name == "RLIMIT_CPU" else value
             resource.setrlimit(getattr(resource, name), (value, hard))
         os.chdir(cfg["cwd"])
