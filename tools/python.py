@@ -13,7 +13,8 @@ output directory that lies outside /tmp, /home, /root).
 
 If isolation cannot be set up here, constructing the tool fails with what is missing, unless
 `allow_unisolated: true` (off by default), which runs the program as a plain child process with the
-same limits and logs a warning: then nothing but rlimits stands between the program and the host.
+same limits but RLIMIT_NPROC, and logs a warning: then nothing but rlimits stands between the program
+and the host.
 The reply is stdout, then stderr and the exit status if the run failed or was killed.
 """
 
