@@ -9,7 +9,9 @@ uid 65534, no_new_privs, rlimits; every process of the call killed when it ends)
 (RLIMIT_AS), `max_file_mb` (RLIMIT_FSIZE), `max_processes` (RLIMIT_NPROC), `scratch_mb` and
 `scratch_inodes` (the tmpfs), `timeout_s` (wall clock), `max_output_bytes` (per stream; the run is
 killed past it); `hide` lists more host paths to cover with an empty read-only tmpfs (e.g. a run's
-output directory that lies outside /tmp, /home, /root).
+output directory that lies outside /tmp, /home, /root), and `hide_cwd` (default true) covers the
+process's working directory at construction (where `outputs/` lies) unless it is / or a system tree.
+`network_namespace` is kept for old configs: only true is accepted.
 
 If isolation cannot be set up here, constructing the tool fails with what is missing, unless
 `allow_unisolated: true` (off by default), which runs the program as a plain child process with the
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import signal
 from typing import Any
@@ -47,7 +50,7 @@ class PythonTool(Tool):
     }
     defaults = {"timeout_s": 10.0, "cpu_seconds": 5, "memory_mb": 512, "max_file_mb": 16,
                 "max_output_bytes": 8192, "network_namespace": True, "allow_unisolated": False,
-                "scratch_mb": 64, "scratch_inodes": 4096, "max_processes": 16, "hide": []}
+                "scratch_mb": 64, "scratch_inodes": 4096, "max_processes": 16, "hide": [], "hide_cwd": True}
 
     def __init__(self, config: dict | None = None, tool_schema: dict | None = None):
         super().__init__(config, tool_schema)
@@ -62,7 +65,7 @@ class PythonTool(Tool):
                                     memory_mb=int(o["memory_mb"]), max_file_mb=int(o["max_file_mb"]),
                                     max_processes=int(o["max_processes"]), max_output_bytes=int(o["max_output_bytes"]),
                                     scratch_mb=int(o["scratch_mb"]), scratch_inodes=int(o["scratch_inodes"]),
-                                    hide=list(o["hide"]))
+                                    hide=list(o["hide"]) + _cwd_to_hide(o["hide_cwd"]))
         missing = runner.probe()
         self.isolated = missing is None
         if missing is not None:
@@ -103,6 +106,12 @@ class PythonTool(Tool):
         metrics = {"exit_code": float(r.returncode), "timed_out": float(timed_out), "output_capped": float(capped),
                    "isolated": float(self.isolated)}
         return _format(r.stdout, r.stderr, r.returncode, timed_out, capped, self.opts), 0.0, metrics
+
+
+def _cwd_to_hide(hide_cwd: bool) -> list[str]:
+    """The rollout worker's cwd (where a run's outputs/ usually lie), unless hiding it would hide the system."""
+    cwd = os.getcwd()
+    return [cwd] if hide_cwd and runner.can_hide(cwd) else []
 
 
 def _format(out: bytes, err: bytes, rc: int, timed_out: bool, capped: bool, o: dict[str, Any]) -> str:

@@ -177,6 +177,10 @@ def launcher(cfg: dict) -> None:
 
 # --- 2. init: the view --------------------------------------------------------------------------
 
+def under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
 def mkdirs(path: str) -> None:
     os.makedirs(path, mode=0o755, exist_ok=True)
 
@@ -208,11 +212,15 @@ def build_view(root: str, cfg: dict, uid: int) -> None:
     if rc < 0 and ctypes.get_errno() == errno.ENOSYS:
         raise SetupError("the kernel lacks mount_setattr(2) (Linux >= 5.12 is needed for a read-only view)")
     check(rc, "mount_setattr(read-only, recursive) of the view")
-    masked = [m for m in (mask(root, p) for p in (*MASKS, cfg["episode_dir"], *cfg["hide"])) if m]
-    # the interpreter's install trees come back read-only where a mask hid them
-    for tree in cfg["expose"]:
-        if any((tree + "/").startswith(m[len(root):] + "/") for m in masked):
-            bind_ro(root, tree)
+    paths = sorted({*MASKS, cfg["episode_dir"], *cfg["hide"]})
+    outermost = [p for p in paths if not any(under(p, q) for q in paths if q != p)]
+    masked = [m for m in (mask(root, p) for p in outermost) if m]
+    # the interpreter's install trees come back read-only where a mask hid them, and what is to be
+    # hidden inside those trees is covered again
+    exposed = [t for t in cfg["expose"] if any(under(t, m[len(root):]) for m in masked)]
+    for tree in exposed:
+        bind_ro(root, tree)
+    masked += [m for m in (mask(root, p) for p in paths if any(under(p, t) for t in exposed)) if m]
     # /dev: a few harmless devices bound from the host, nothing else
     mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755")
     for d in DEVICES:

@@ -68,6 +68,16 @@ class RunResult:
     killed: Optional[str]  # None, "timeout" or "output"
 
 
+SYSTEM_TREES = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/sys", "/dev")
+
+
+def can_hide(path: str) -> bool:
+    """Whether covering `path` leaves a working system: not /, a top-level directory or a system tree
+    (the interpreter's own trees are bound back into the view either way)."""
+    real = os.path.realpath(path)
+    return real.count("/") >= 2 and not any(real == t or real.startswith(t + "/") for t in SYSTEM_TREES)
+
+
 def new_episode_dir() -> str:
     d = os.path.realpath(tempfile.mkdtemp(prefix="asyncrl-py-"))
     os.mkdir(os.path.join(d, "files"), 0o700)

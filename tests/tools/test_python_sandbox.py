@@ -166,6 +166,7 @@ async def test_configured_paths_are_hidden():
     link = d.with_name(d.name + "-link")
     try:
         link.symlink_to(d)
+        d.chmod(0o755)  # readable by anyone: only the mask can keep it from the program
         (d / "out.txt").write_text(secret)
         t = PythonTool({**CFG, "hide": [str(link)]})
         text, _, _ = await t.execute("ep", {"code": f"import os\nprint(os.listdir({str(d)!r}))\n"
@@ -177,6 +178,24 @@ async def test_configured_paths_are_hidden():
     finally:
         shutil.rmtree(d)
         link.unlink(missing_ok=True)
+
+
+async def test_the_workers_cwd_is_hidden(monkeypatch):
+    """The rollout worker's cwd (where a run's outputs/ lie) is covered by default; hide_cwd: false shows it."""
+    secret = f"cwd-secret-{uuid.uuid4().hex}"
+    d = Path(tempfile.mkdtemp(dir=REPO / ".venv", prefix="cwd-test-"))
+    try:
+        d.chmod(0o755)  # readable by anyone: only the mask can keep it from the program
+        (d / "checkpoint.txt").write_text(secret)
+        monkeypatch.chdir(d)
+        code = f"print(open({str(d / 'checkpoint.txt')!r}).read())"
+        for config, shown in (({}, False), ({"hide_cwd": False}, True)):
+            t = PythonTool({**CFG, **config})
+            text, _, _ = await t.execute("ep", {"code": code})
+            await t.release("ep")
+            assert (secret in text) == shown, (config, text)
+    finally:
+        shutil.rmtree(d)
 
 
 async def test_kernel_knobs_in_proc_are_read_only(tool):
