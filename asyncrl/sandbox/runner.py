@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
+import marshal
 import os
 import shutil
 import signal
@@ -105,7 +105,7 @@ def _config(episode_dir: str, limits: Limits, isolate: bool, interpreter: str) -
 
 def _prepare(episode_dir: str, code: str) -> None:
     files = os.path.join(episode_dir, "files")
-    for name in ("out", "status.json"):
+    for name in ("out", "status"):
         p = os.path.join(episode_dir, name)
         if os.path.isdir(p) and not os.path.islink(p):
             shutil.rmtree(p)
@@ -125,8 +125,8 @@ def _finish(episode_dir: str, isolate: bool, rc: int, err: bytes) -> dict:
         lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.startswith("sandbox: ")]
         raise SandboxError(lines[-1][len("sandbox: "):] if lines else f"sandbox setup failed: {err[-500:]!r}")
     try:
-        with open(os.path.join(episode_dir, "status.json")) as f:
-            status = json.load(f)
+        with open(os.path.join(episode_dir, "status"), "rb") as f:
+            status = marshal.load(f)
     except FileNotFoundError:
         raise SandboxError(f"the sandbox ended (status {rc}) without reporting; stderr: {err[-500:]!r}") from None
     if isolate:
@@ -137,7 +137,8 @@ def _finish(episode_dir: str, isolate: bool, rc: int, err: bytes) -> dict:
 
 
 def _command(episode_dir: str, limits: Limits, isolate: bool, interpreter: str) -> list[str]:
-    return [interpreter, "-I", "-S", str(NSINIT), json.dumps(_config(episode_dir, limits, isolate, interpreter))]
+    return [interpreter, "-I", "-S", str(NSINIT),
+            marshal.dumps(_config(episode_dir, limits, isolate, interpreter)).hex()]
 
 
 async def run(episode_dir: str, code: str, limits: Limits, isolate: bool = True,
