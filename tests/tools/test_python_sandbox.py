@@ -169,12 +169,14 @@ async def test_configured_paths_are_hidden():
         d.chmod(0o755)  # readable by anyone: only the mask can keep it from the program
         (d / "out.txt").write_text(secret)
         t = PythonTool({**CFG, "hide": [str(link)]})
-        text, _, _ = await t.execute("ep", {"code": f"import os\nprint(os.listdir({str(d)!r}))\n"
-                                                     f"print(open({str(d / 'out.txt')!r}).read())"})
+        try:
+            text, _, _ = await t.execute("ep", {"code": f"import os\nprint(os.listdir({str(d)!r}))\n"
+                                                         f"print(open({str(d / 'out.txt')!r}).read())"})
+        finally:
+            await t.release("ep")
         assert text.startswith("[]\n") and "FileNotFoundError" in text and secret not in text, text
         with pytest.raises(ValueError, match="is not the absolute path of an existing directory"):
             PythonTool({"hide": ["relative/dir"]})
-        await t.release("ep")
     finally:
         shutil.rmtree(d)
         link.unlink(missing_ok=True)
@@ -191,8 +193,10 @@ async def test_the_workers_cwd_is_hidden(monkeypatch):
         code = f"print(open({str(d / 'checkpoint.txt')!r}).read())"
         for config, shown in (({}, False), ({"hide_cwd": False}, True)):
             t = PythonTool({**CFG, **config})
-            text, _, _ = await t.execute("ep", {"code": code})
-            await t.release("ep")
+            try:
+                text, _, _ = await t.execute("ep", {"code": code})
+            finally:
+                await t.release("ep")
             assert (secret in text) == shown, (config, text)
     finally:
         shutil.rmtree(d)
