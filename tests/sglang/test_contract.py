@@ -8,6 +8,7 @@ import asyncio
 import httpx
 import pytest
 
+from asyncrl.engine.auth import auth_headers
 from asyncrl.engine.base import SamplingParams
 from asyncrl.engine.client import EngineClient
 from asyncrl.engine.launcher import answers
@@ -25,7 +26,7 @@ async def _until(pred, timeout_s: float = 30.0) -> None:
 
 
 async def _post(url: str, path: str, body) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=30) as h:
+    async with httpx.AsyncClient(timeout=30, headers=auth_headers()) as h:
         return await h.post(url + path, json=body)
 
 
