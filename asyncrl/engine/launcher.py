@@ -231,18 +231,18 @@ def launch_sglang(
     EngineConfig) overrides dtype, mem_fraction_static, extra_args and the startup timeout."""
     import importlib.util
 
-    if importlib.util.find_spec("sglang") is None:
-        raise EngineLaunchError("engine.type=sglang needs the 'sglang' package (pip install 'sglang[all]'); "
-                                "it is not installed in this Python")
     if cfg is not None:
         dtype = cfg.dtype
         mem_fraction_static = cfg.mem_fraction_static
         extra_args = list(cfg.extra_args)
         startup_timeout_s = cfg.launch_timeout_s
-    clash = [a for a in extra_args if a.split("=", 1)[0] in KEY_FLAGS]
+    clash = sorted({a.split("=", 1)[0] for a in extra_args} & set(KEY_FLAGS))  # flag names only, never values
     if clash:
         raise EngineLaunchError(f"engine.extra_args has {clash}: asyncrl gives SGLang the run's token itself "
                                 f"(ASYNCRL_ENGINE_TOKEN, through a --config file); remove them")
+    if importlib.util.find_spec("sglang") is None:
+        raise EngineLaunchError("engine.type=sglang needs the 'sglang' package (pip install 'sglang[all]'); "
+                                "it is not installed in this Python")
     port = port or free_port(host)
     work = Path(tempfile.mkdtemp(prefix="asyncrl-sglang-", dir=log_dir))
     log_path = str(work / "server.log")

@@ -161,6 +161,21 @@ async def test_unknown_tensor_name_sglang_skips_it_the_embedded_engine_refuses(e
     assert_idle_at(engine, 0)
 
 
+async def test_control_routes_need_the_token_and_generation_stays_open(engine):
+    """SGLang with --admin-api-key (its own middleware, conftest) and the embedded engine refuse alike."""
+    control = [("/abort_request", {"abort_all": True}), ("/pause_generation", {"mode": "abort"}),
+               ("/begin_weight_update", {}), ("/update_weights_from_disk", {"model_path": "/etc"}),
+               ("/init_weights_update_group", {"master_address": "203.0.113.9", "master_port": 29500,
+                                               "rank_offset": 1, "world_size": 2, "group_name": "g", "backend": "gloo"})]
+    async with httpx.AsyncClient(timeout=30, trust_env=False) as h:
+        for path, body in control:
+            for headers in ({}, {"Authorization": "Bearer " + "x" * 43}):
+                r = await h.post(engine.url + path, json=body, headers=headers)
+                assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}, (engine.kind, path, r.text)
+        assert (await h.get(engine.url + "/model_info")).status_code == 200
+    assert_idle_at(engine, 0)  # nothing changed; /generate answers without a token
+
+
 async def test_disk_sync_needs_no_session(engine, tmp_path):
     sent = tensors(4)
     sender = WeightSender(DiskTransport(str(tmp_path), timeout_s=60), timeout_s=60)
