@@ -30,7 +30,7 @@ from asyncrl.engine.auth import (
     make_token,
     token_from_env,
 )
-from asyncrl.engine.launcher import launch_embedded
+from asyncrl.engine.launcher import answers, launch_embedded
 from asyncrl.weight_sync import WeightSender, WeightSyncError
 from asyncrl.weight_sync.disk import DiskTransport
 from asyncrl.weight_sync.safe_unpickle import UnsafePayload, load_named_tensors
@@ -269,3 +269,21 @@ async def test_without_a_token_loopback_serves_generation_only_and_other_hosts_a
     finally:
         os.killpg(local.pid, 15)
         local.communicate(timeout=60)
+
+
+@pytest.mark.timeout(240)
+async def test_beyond_loopback_every_route_but_health_needs_the_token(engine_model_dir):
+    with launch_embedded(engine_model_dir, host="0.0.0.0", threads=1, startup_timeout_s=120) as eng:
+        with open(f"/proc/{eng.pid}/cmdline", "rb") as f:  # readable by every local user: no token there
+            assert token_from_env().encode() not in f.read()
+        async with httpx.AsyncClient(timeout=60) as h:
+            assert (await h.get(eng.url + "/health")).status_code == 200
+            for method, path in [("POST", "/generate"), ("GET", "/model_info"), ("GET", "/server_info"),
+                                 ("GET", "/stats"), ("GET", "/weight_sync_info"), ("POST", "/pause_generation")]:
+                r = await h.request(method, eng.url + path, json=GREEDY if path == "/generate" else {})
+                assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}, (path, r.text)
+            r = await h.get(eng.url + "/stats", headers=auth_headers())
+            assert r.status_code == 200 and r.json()["paused"] is False  # the refused pause changed nothing
+            r = await h.post(eng.url + "/generate", json=GREEDY, headers=auth_headers())
+            assert r.status_code == 200 and len(r.json()["output_ids"]) == 8
+        assert answers(eng.url)  # the liveness probe carries the token
