@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -30,6 +31,8 @@ import ray
 
 from asyncrl import registry
 from asyncrl.config import Config, to_dict
+from asyncrl.engine.auth import ENV as ENGINE_TOKEN_ENV
+from asyncrl.engine.auth import ensure_token
 from asyncrl.fleet import Fleet, load_rows
 from asyncrl.learner.checkpoint import checkpoints_root, latest_checkpoint, prune_checkpoints
 from asyncrl.metrics import MetricsLogger
@@ -53,6 +56,16 @@ def run(cfg: Config, rows: list[dict] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(cfg.trainer.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    # engines load weights from disk only below the run's directories: absolute, whatever an actor's cwd
+    cfg.trainer.output_dir = str(out)
+    disk_dir = cfg.trainer.weight_sync.disk_dir
+    cfg.trainer.weight_sync.disk_dir = str(Path(disk_dir).resolve() if disk_dir else out / "weight_sync")
+    # the run's engine token (the user's ASYNCRL_ENGINE_TOKEN for attached engines, else a fresh one):
+    # a local Ray instance's workers inherit this process's environment; a joined cluster's get it
+    # through the job's runtime_env (never argv, the config or a log line)
+    token = ensure_token()
+    joins = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    runtime_env = {"env_vars": {ENGINE_TOKEN_ENV: token}} if joins else None
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     registry.load_all(cfg.plugins)
     from asyncrl.env_api import resolve_env
@@ -62,7 +75,7 @@ def run(cfg: Config, rows: list[dict] | None = None) -> int:
     log.info("output dir %s; %d training prompts; mode %s, max_staleness %d", out, len(rows),
              cfg.trainer.mode, cfg.algorithm.max_staleness)
     ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, include_dashboard=False,
-             ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING)
+             ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING, runtime_env=runtime_env)
     stop_signal = _stop_on_signals()
     metrics = MetricsLogger(out, wandb_mode=cfg.trainer.wandb, project=cfg.trainer.wandb_project,
                             config=to_dict(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps)

@@ -36,6 +36,7 @@ class EngineActor:
                 dtype=_dtype(e.dtype), max_running_seqs=e.max_running_seqs, weight_version=weight_version,
                 startup_timeout_s=e.launch_timeout_s, threads=self.threads,
                 extra_env={"OMP_NUM_THREADS": str(self.threads)} if self.threads else None,
+                weights_dirs=run_weight_dirs(self.cfg),
             )
         return self.proc.url
 
@@ -60,6 +61,12 @@ class EngineActor:
         if self.proc is not None:
             self.proc.stop()
             self.proc = None
+
+
+def run_weight_dirs(cfg: Config) -> list[str]:
+    """Where the run writes weights an engine may load from disk: its output dir (restart exports)
+    and the disk transport's directory (the controller resolves both to absolute paths)."""
+    return [d for d in (cfg.trainer.output_dir, cfg.trainer.weight_sync.disk_dir) if d]
 
 
 def _dtype(name: str) -> str:

@@ -37,13 +37,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import uuid
 from collections.abc import Sequence
 from typing import Any, Self
 
 import httpx
 
+from asyncrl.engine.auth import auth_headers
 from asyncrl.engine.base import GenerateResult, SamplingParams
+
+log = logging.getLogger(__name__)
 
 MAX_SPANS = 1 << 16  # a reply with more spans than this is refused, not expanded
 
@@ -164,7 +168,8 @@ class EngineClient:
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=self._timeout, limits=self._limits)
+            # the run's token (ASYNCRL_ENGINE_TOKEN): /abort_request needs it; /generate, beyond loopback
+            self._http = httpx.AsyncClient(timeout=self._timeout, limits=self._limits, headers=auth_headers())
         return self._http
 
     # ---- routing ---------------------------------------------------------------------------
@@ -186,9 +191,12 @@ class EngineClient:
 
         async def run() -> None:
             try:
-                await self._client().post(f"{url}/abort_request", json={"rid": rid}, timeout=10.0)
+                r = await self._client().post(f"{url}/abort_request", json={"rid": rid}, timeout=10.0)
             except httpx.HTTPError:
-                pass
+                return
+            if r.status_code in (401, 403):  # the request runs on: say why, once per refusal
+                log.warning("engine %s refused /abort_request with HTTP %d: this process lacks the engine's token "
+                            "(ASYNCRL_ENGINE_TOKEN)", url, r.status_code)
 
         task = asyncio.get_running_loop().create_task(run())
         self._background.add(task)

@@ -5,10 +5,19 @@ picks a free port and writes it to a port file that the launcher reads. `launch_
 spawns `python -m sglang.launch_server ...` on a given (or free) port. Both return an
 `EngineProcess` with `.url`, `.pid`, `.alive()`, `.stop()` (SIGTERM, then SIGKILL after a grace
 period; the port is free once it returns). `attach(urls)` wraps running servers (stop is a no-op).
+
+The token (asyncrl/engine/auth.py): both launchers give the server this process's run token
+(`ensure_token`: the environment's, else a fresh one put into os.environ, so this process's senders
+and clients hold it too), never in argv. The embedded engine reads ASYNCRL_ENGINE_TOKEN from the
+environment it inherits; SGLang 0.5.23 reads keys only from its arguments (--api-key,
+--admin-api-key; no environment variable), so it gets them in a YAML file named by `--config`
+(SGLang's ConfigArgumentMerger reads it into its argument list in memory), mode 0600 in a 0700
+directory, deleted as soon as the server is up or has failed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +30,7 @@ from typing import Any, Self
 
 import httpx
 
+from asyncrl.engine.auth import ENV, auth_headers, ensure_token, is_loopback
 from asyncrl.net import free_port
 
 
@@ -85,9 +95,10 @@ def _healthy(url: str, timeout: float = 5.0) -> bool:
 
 
 def answers(url: str, timeout: float = 5.0) -> bool:
-    """Alive: GET /model_info answers 200, paused or not (it touches no scheduler)."""
+    """Alive: GET /model_info answers 200, paused or not (it touches no scheduler). With the token:
+    an engine bound beyond loopback wants it on every route but /health."""
     try:
-        return httpx.get(f"{url}/model_info", timeout=timeout).status_code == 200
+        return httpx.get(f"{url}/model_info", timeout=timeout, headers=auth_headers()).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -150,10 +161,13 @@ def launch_embedded(
     extra_env: dict | None = None,
     startup_timeout_s: float = 300.0,
     log_dir: str | None = None,
+    weights_dirs: Sequence[str | Path] = (),
 ) -> EngineProcess:
-    """Start the embedded engine server as a subprocess and wait for /health."""
+    """Start the embedded engine server as a subprocess and wait for /health. It holds this process's
+    run token (`ensure_token`) and loads weights from disk only below `model_dir` and `weights_dirs`."""
     if not (Path(model_dir) / "config.json").is_file():
         raise EngineLaunchError(f"model_dir={str(model_dir)!r} is not a Hugging Face checkpoint (no config.json)")
+    token_env = {ENV: ensure_token()}  # in the child's environment, never its argv
     work = Path(tempfile.mkdtemp(prefix="asyncrl-engine-", dir=log_dir))
     port_file, log_path = work / "port", str(work / "server.log")
     cmd = [sys.executable, "-m", "asyncrl.engine.cli", "serve", "--model-path", str(model_dir), "--host", host,
@@ -162,7 +176,9 @@ def launch_embedded(
            "--weight-version", str(weight_version), "--exit-with-parent", str(os.getpid())]
     if threads:
         cmd += ["--threads", str(threads)]
-    proc = _spawn(cmd, log_path, extra_env)
+    for d in weights_dirs:
+        cmd += ["--weights-dir", str(d)]
+    proc = _spawn(cmd, log_path, {**(extra_env or {}), **token_env})
 
     def url_of() -> str | None:
         if port_file.is_file():
@@ -180,6 +196,21 @@ def sglang_command(model_dir: str | Path, host: str, port: int, *, dtype: str = 
     return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir), "--host", host,
             "--port", str(port), "--dtype", sglang_dtype(dtype), "--mem-fraction-static", str(mem_fraction_static),
             "--weight-version", str(weight_version), "--skip-server-warmup", *extra_args]
+
+
+KEY_FLAGS = ("--api-key", "--admin-api-key", "--config")  # asyncrl sets these; engine.extra_args may not
+
+
+def sglang_key_config(work: Path, host: str, token: str) -> Path:
+    """The YAML file (0600) that gives SGLang its keys without argv: `admin-api-key` (SGLang then
+    requires it on every control route, ADMIN_OPTIONAL in its http_server, and leaves /generate and
+    /model_info open); beyond loopback `api-key` too (every route but /health needs it)."""
+    keys = {"admin-api-key": token, **({} if is_loopback(host) else {"api-key": token})}
+    path = work / "keys.yaml"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(f"{k}: {json.dumps(v)}\n" for k, v in keys.items()))  # a JSON string is a YAML string
+    return path
 
 
 def launch_sglang(
@@ -200,22 +231,30 @@ def launch_sglang(
     EngineConfig) overrides dtype, mem_fraction_static, extra_args and the startup timeout."""
     import importlib.util
 
-    if importlib.util.find_spec("sglang") is None:
-        raise EngineLaunchError("engine.type=sglang needs the 'sglang' package (pip install 'sglang[all]'); "
-                                "it is not installed in this Python")
     if cfg is not None:
         dtype = cfg.dtype
         mem_fraction_static = cfg.mem_fraction_static
         extra_args = list(cfg.extra_args)
         startup_timeout_s = cfg.launch_timeout_s
+    clash = sorted({a.split("=", 1)[0] for a in extra_args} & set(KEY_FLAGS))  # flag names only, never values
+    if clash:
+        raise EngineLaunchError(f"engine.extra_args has {clash}: asyncrl gives SGLang the run's token itself "
+                                f"(ASYNCRL_ENGINE_TOKEN, through a --config file); remove them")
+    if importlib.util.find_spec("sglang") is None:
+        raise EngineLaunchError("engine.type=sglang needs the 'sglang' package (pip install 'sglang[all]'); "
+                                "it is not installed in this Python")
     port = port or free_port(host)
     work = Path(tempfile.mkdtemp(prefix="asyncrl-sglang-", dir=log_dir))
     log_path = str(work / "server.log")
+    keys = sglang_key_config(work, host, ensure_token())
     cmd = sglang_command(model_dir, host, port, dtype=dtype, mem_fraction_static=mem_fraction_static,
-                         weight_version=weight_version, extra_args=extra_args)
+                         weight_version=weight_version, extra_args=[*extra_args, "--config", str(keys)])
     proc = _spawn(cmd, log_path, extra_env, die_with_parent=True)
     url = f"http://{host}:{port}"
-    _wait(proc, lambda: url, startup_timeout_s, f"sglang server (pid {proc.pid})", log_path)
+    try:
+        _wait(proc, lambda: url, startup_timeout_s, f"sglang server (pid {proc.pid})", log_path)
+    finally:
+        keys.unlink(missing_ok=True)  # read at startup (a restart writes a new one)
     return EngineProcess(url, proc, log_path)
 
 

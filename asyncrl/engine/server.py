@@ -7,6 +7,12 @@ retract|in_place}, /continue_generation; GET /model_info (string weight_version)
 The weight-sync router (asyncrl.weight_sync.routes.make_router(core): the weight-update routes,
 sessions and /update_weights_from_disk included) is mounted when installed.
 Every bad request gets a 400 with {"error": message}; the server keeps serving.
+
+Who may call what (asyncrl/engine/auth.py, docs/design.md "Threat model"): every route that changes
+the engine (abort, pause, continue, every weight-sync POST) needs `Authorization: Bearer <token>`
+with the run's token from ASYNCRL_ENGINE_TOKEN; generation and read-only info stay open on loopback.
+A non-loopback bind needs a token, and then every route but /health needs it. Disk loads read only
+below the model directory and the `weights_dirs` given at launch.
 """
 
 from __future__ import annotations
@@ -25,6 +31,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from asyncrl.engine.auth import (
+    EXPOSED_OPEN,
+    LOOPBACK_OPEN,
+    TokenGate,
+    check_bind,
+    is_loopback,
+    token_from_env,
+)
 from asyncrl.engine.protocol import BadRequest, parse_request
 from asyncrl.engine.scheduler import EngineCore
 
@@ -46,8 +60,14 @@ async def _json(request: Request, required: bool = True) -> dict:
     return body
 
 
-def create_app(core: EngineCore, model_path: str = "", on_ready: Any | None = None) -> FastAPI:
-    """The app; `on_ready()` is called once the engine loop runs (the launcher learns the port then)."""
+def create_app(core: EngineCore, model_path: str = "", on_ready: Any | None = None, *, token: str | None = None,
+               loopback: bool = True, weights_dirs: list[str] | None = None) -> FastAPI:
+    """The app; `on_ready()` is called once the engine loop runs (the launcher learns the port then).
+    `token`: the run's token (None: control routes answer 403); `loopback`: bound to loopback only
+    (else every route but /health needs the token); disk loads read only below `model_path` and
+    `weights_dirs`."""
+    if not loopback and token is None:
+        raise ValueError("an engine served beyond loopback needs a token (see check_bind)")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -59,6 +79,7 @@ def create_app(core: EngineCore, model_path: str = "", on_ready: Any | None = No
 
     app = FastAPI(title="asyncrl embedded engine", lifespan=lifespan)
     app.state.core = core
+    app.add_middleware(TokenGate, token=token, open_routes=LOOPBACK_OPEN if loopback else EXPOSED_OPEN)
 
     @app.exception_handler(BadRequest)
     async def _bad(request: Request, exc: BadRequest):
@@ -119,7 +140,8 @@ def create_app(core: EngineCore, model_path: str = "", on_ready: Any | None = No
     except ModuleNotFoundError:
         make_router = None
     if make_router is not None:
-        app.include_router(make_router(core))
+        roots = [model_path] if model_path else []
+        app.include_router(make_router(core, [*roots, *(weights_dirs or [])]))
     return app
 
 
@@ -161,12 +183,20 @@ def serve(
     port_file: str | None = None,
     threads: int | None = None,
     exit_with_parent: int | None = None,
+    weights_dirs: list[str] | None = None,
 ) -> None:
     """Load the model, bind, announce the port (port_file and a stdout line), serve until killed.
 
     With `exit_with_parent=PID` the server exits once PID is no longer its parent, so an engine
     whose launcher was SIGKILLed (a crashed Ray actor) does not live on holding memory and a port.
+    The token comes from ASYNCRL_ENGINE_TOKEN (never argv); a non-loopback `host` without one is
+    refused before anything loads.
     """
+    token = token_from_env()
+    check_bind(host, token)
+    if token is None:
+        print("asyncrl engine: ASYNCRL_ENGINE_TOKEN is not set: generation only, control routes closed (403)",
+              file=sys.stderr, flush=True)
     if exit_with_parent is not None:
         watch_parent(exit_with_parent)
     import torch
@@ -194,6 +224,7 @@ def serve(
             os.replace(tmp, port_file)
         print(f"ASYNCRL_ENGINE_READY http://{host}:{chosen}", flush=True)
 
-    app = create_app(core, model_path, on_ready=announce)
+    app = create_app(core, model_path, on_ready=announce, token=token, loopback=is_loopback(host),
+                     weights_dirs=weights_dirs)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=60))
     server.run(sockets=[sock])

@@ -4,6 +4,10 @@ SGLang 0.5 answers a weight-update call with HTTP 200 {"success": true, "message
 {"success": false, "message"}; a request it cannot parse gets HTTP 400 with an error object and no
 "success" key; a broken or stopping server answers 5xx. `classify` turns that into a WeightSyncError
 code (errors.py) without reading the message.
+
+Every call carries the run's token (`Authorization: Bearer`, from ASYNCRL_ENGINE_TOKEN, as SGLang's
+--admin-api-key expects it). An engine that refuses it (401, or 403: the embedded engine without a
+token) is a `config` error whose message says which side lacks the token.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from asyncrl.engine.auth import ENV, auth_headers
 from asyncrl.weight_sync.errors import WeightSyncError
 
 
@@ -22,6 +27,10 @@ def classify(url: str, path: str, status: int, data: Any) -> WeightSyncError | N
     if 200 <= status < 300 and not (sglang_shaped and data["success"] is False):
         return None
     message = f"{path}: HTTP {status}: {_message(data)}"
+    if status in (401, 403):
+        held = "this process holds one" if auth_headers() else "this process holds none"
+        message += (f" (the engine's control routes need the run's token, {ENV}, as SGLang's --admin-api-key; "
+                    f"{held}: an engine attached with engine.urls must be started with the same token)")
     if status >= 500:
         return WeightSyncError("unreachable", message, url, status)
     if sglang_shaped:  # 400 (or a 200 from an older server) with success=false: the engine said no
@@ -40,7 +49,7 @@ class EngineHTTP:
     """Calls to a set of engines; a failure is returned as a WeightSyncError, never raised."""
 
     def __init__(self, probe_timeout_s: float = 5.0):
-        self.client = httpx.AsyncClient(timeout=None, trust_env=False)
+        self.client = httpx.AsyncClient(timeout=None, trust_env=False, headers=auth_headers())
         self.probe_timeout_s = float(probe_timeout_s)
 
     async def call(self, method: str, url: str, path: str, body: dict | None = None,

@@ -20,9 +20,8 @@ requests keep their KV caches whatever the pause mode (it treats retract as in_p
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
-import pickle
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from asyncrl.weight_sync.bucketing import (
     unpack,
 )
 from asyncrl.weight_sync.group import destroy_group, init_custom_process_group
+from asyncrl.weight_sync.safe_unpickle import load_named_tensors
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,34 @@ def invalid(message: str) -> Answer:
     return Answer(400, {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400})
 
 
+def forbidden(message: str) -> Answer:
+    """A disk load outside the engine's weight roots (an asyncrl check SGLang lacks): HTTP 403 with
+    an error object, no "success" (the sender reads it as a configuration error, not a refused load)."""
+    return Answer(403, {"error": f"Forbidden: {message}"})
+
+
+def resolve_roots(roots: Sequence[str | os.PathLike]) -> tuple[Path, ...]:
+    """The directories disk loads may read from, symlinks resolved."""
+    return tuple(Path(os.path.realpath(r)) for r in roots)
+
+
+class OutsideRoots(ValueError):
+    """A disk load that would read outside the engine's weight roots."""
+
+
+def weight_files(path: str, roots: Sequence[Path]) -> list[Path]:
+    """The *.safetensors files a disk load of `path` (a checkpoint directory or one file) reads, each
+    with symlinks and `..` resolved; OutsideRoots if the directory or a file lies outside `roots`."""
+    real = Path(os.path.realpath(path))
+    files = [real] if real.is_file() else [Path(os.path.realpath(f)) for f in sorted(real.glob("*.safetensors"))]
+    for p in [real, *files]:
+        if not any(p.is_relative_to(r) for r in roots):
+            raise OutsideRoots(f"model_path {path!r} resolves to {str(p)!r}, outside the directories this engine "
+                               f"loads weights from ({', '.join(map(str, roots)) or 'none'}; the launcher's "
+                               f"--weights-dir)")
+    return files
+
+
 class Invalid(ValueError):
     """A request field has the wrong type (answered with `invalid`)."""
 
@@ -143,8 +171,9 @@ OUTSIDE = "{} must run between begin_weight_update() and end_weight_update()"
 class WeightReceiver:
     """The state behind the weight-sync routes of one engine: its groups by name and its session."""
 
-    def __init__(self, core: Any):
+    def __init__(self, core: Any, weights_roots: Sequence[str | os.PathLike] = ()):
         self.core = core
+        self.weights_roots = resolve_roots(weights_roots)  # /update_weights_from_disk reads only below these
         self.groups: dict[str, _Group] = {}
         self.session_open = False
         self._apply_lock = asyncio.Lock()  # one apply at a time (a stuck old group never holds it)
@@ -232,7 +261,7 @@ class WeightReceiver:
     async def update_from_tensor(self, body: dict) -> Answer:
         """Colocated GPU: tensors arrive as CUDA-IPC handles, pickled by torch's ForkingPickler and
         base64-encoded, one entry per TP rank (SGLang's MultiprocessingSerializer format); this
-        engine is TP rank 0 and reads entry 0 only."""
+        engine is TP rank 0 and reads entry 0 only, with the tensor-only unpickler (safe_unpickle.py)."""
         try:
             payloads = body["serialized_named_tensors"]
             if not isinstance(payloads, list) or not payloads or not all(isinstance(p, str) for p in payloads):
@@ -244,9 +273,7 @@ class WeightReceiver:
         if not self.session_open:
             return refused(OUTSIDE.format("update_weights_from_tensor"))
         try:
-            import torch.multiprocessing  # noqa: F401 - registers the CUDA-IPC rebuild reductions
-
-            named = pickle.loads(base64.b64decode(payloads[0]))
+            named = load_named_tensors(payloads[0])
             metas = [TensorMeta(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in named]
         except Exception as e:  # noqa: BLE001
             return refused(f"Failed to update parameter online: cannot read the payload: {e}")
@@ -256,7 +283,8 @@ class WeightReceiver:
         return await self._apply(list(named), version)
 
     async def update_from_disk(self, body: dict) -> Answer:
-        """SGLang loads from disk without a session; its answers carry num_paused_requests."""
+        """SGLang loads from disk without a session; its answers carry num_paused_requests. Only from
+        below the engine's weight roots (its model directory and the launcher's --weights-dir)."""
         path = body.get("model_path")
         try:
             if not isinstance(path, str) or not path:
@@ -266,7 +294,11 @@ class WeightReceiver:
         except ValueError as e:
             return invalid(str(e))
         try:
-            named = await asyncio.to_thread(load_safetensors_dir, path)
+            files = weight_files(path, self.weights_roots)
+        except OutsideRoots as e:
+            return forbidden(str(e))
+        try:
+            named = await asyncio.to_thread(load_safetensors_files, files, path)
             problem = check_metas(self.core.model.state_dict(), metas_of(named))
         except (OSError, ValueError) as e:
             return refused(f"Failed to load weights from {path}: {e}", num_paused_requests=0)
@@ -299,12 +331,10 @@ class WeightReceiver:
         return ok(f"received {buf.numel()} elements")
 
 
-def load_safetensors_dir(model_path: str) -> list[tuple[str, torch.Tensor]]:
-    """All tensors of the *.safetensors files in a HF checkpoint directory (or one file)."""
+def load_safetensors_files(files: Sequence[Path], model_path: str) -> list[tuple[str, torch.Tensor]]:
+    """All tensors of `files` (weight_files' list for `model_path`, named in the error)."""
     from safetensors.torch import load_file
 
-    p = Path(model_path)
-    files = [p] if p.is_file() else sorted(p.glob("*.safetensors"))
     if not files:
         raise ValueError(f"model_path={model_path!r}: no *.safetensors files there")
     out: list[tuple[str, torch.Tensor]] = []

@@ -12,6 +12,11 @@ engine refuses (outside a session, no such group, a tensor the model does not ha
 update parameter online: ..."); HTTP 400 with an error object and no "success" for a malformed
 request. /update_weights_from_disk adds "num_paused_requests". weight_version is a string.
 
+Who may call them: the server this router is mounted on (asyncrl/engine/server.py) puts the token
+gate (asyncrl/engine/auth.py) in front of every POST here; /update_weights_from_disk reads only below
+`weights_roots` (HTTP 403 otherwise), and /update_weights_from_tensor unpickles with the tensor-only
+unpickler (safe_unpickle.py).
+
 Extensions a real SGLang lacks (the sender asks GET /weight_sync_info and uses them only when every
 engine offers them):
     GET  /weight_sync_info                 {"asyncrl": true, "coalesce": true, "groups": [...], "session_open", "weight_version"}
@@ -22,7 +27,8 @@ engine offers them):
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+import os
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -40,8 +46,9 @@ async def _body(request: Request) -> dict | Answer:
     return body if isinstance(body, dict) else invalid(f"body must be a JSON object, got {type(body).__name__}")
 
 
-def make_router(core: Any) -> APIRouter:
-    receiver = WeightReceiver(core)
+def make_router(core: Any, weights_roots: Sequence[str | os.PathLike] = ()) -> APIRouter:
+    """The routes over `core`; disk loads only from below `weights_roots` (none: every one refused)."""
+    receiver = WeightReceiver(core, weights_roots)
     router = APIRouter()
 
     def handler(method: Callable[[dict], Awaitable[Answer]]):

@@ -8,6 +8,8 @@ import time
 import httpx
 import pytest
 
+from asyncrl.engine.auth import auth_headers
+
 
 def build_untied(tiny_model_dir, out, seed: int):
     """The tiny model's architecture with an untied, seeded lm_head. (With tied random embeddings the
@@ -86,8 +88,9 @@ def teacher_forced_logprobs(model, prompt: list[int], output: list[int], tempera
     return torch.log_softmax(logits / t, -1).gather(-1, torch.tensor(output)[:, None])[:, 0].tolist()
 
 
-async def post(url: str, path: str, body, timeout: float = 60.0) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=timeout) as h:
+async def post(url: str, path: str, body, timeout: float = 60.0, headers: dict | None = None) -> httpx.Response:
+    """POST with the run's token (what launch_embedded gave the engines) unless `headers` is given."""
+    async with httpx.AsyncClient(timeout=timeout, headers=auth_headers() if headers is None else headers) as h:
         if isinstance(body, (bytes, str)):
             return await h.post(url + path, content=body)
         return await h.post(url + path, json=body)

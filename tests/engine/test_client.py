@@ -199,7 +199,7 @@ async def test_partial_rollout_continues_across_a_sync_in_abort_mode(engine_mode
     from asyncrl.engine.launcher import launch_embedded
 
     n = 400
-    eng = launch_embedded(engine_model_dir, threads=1, startup_timeout_s=120)
+    eng = launch_embedded(engine_model_dir, threads=1, startup_timeout_s=120, weights_dirs=[tmp_path])
     try:
         async with EngineClient(eng.url, max_abort_rounds=4) as c:
             prompt = [3, 1, 4, 1, 5]

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import socket
+import stat
 
 import httpx
 import pytest
+import yaml
 
 from asyncrl.engine.launcher import (
     EngineLaunchError,
     answers,
     attach,
     launch_embedded,
+    launch_sglang,
     sglang_command,
     sglang_dtype,
+    sglang_key_config,
 )
 
 
@@ -52,6 +56,22 @@ def test_sglang_command_flags():
     assert flags["--model-path"] == "/m" and flags["--port"] == "30000" and flags["--dtype"] == "bfloat16"
     assert flags["--mem-fraction-static"] == "0.5" and flags["--weight-version"] == "3"
     assert cmd[-2:] == ["--tp", "1"]
+
+
+def test_sglang_gets_its_keys_from_a_private_file_not_argv(tmp_path):
+    """SGLang reads keys only from its arguments: the token goes in a 0600 YAML file named by --config."""
+    token = "k" * 43
+    local, exposed = tmp_path / "local", tmp_path / "exposed"
+    local.mkdir(), exposed.mkdir()
+    path = sglang_key_config(local, "127.0.0.1", token)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert yaml.safe_load(path.read_text()) == {"admin-api-key": token}  # control routes only: /generate open
+    assert yaml.safe_load(sglang_key_config(exposed, "0.0.0.0", token).read_text()) == {
+        "admin-api-key": token, "api-key": token}  # beyond loopback every route but /health
+    for flag in ("--api-key", "--admin-api-key=secret-value", "--config"):
+        with pytest.raises(EngineLaunchError, match="engine.extra_args") as e:
+            launch_sglang("/m", extra_args=["--tp", "1", flag, "x"])
+        assert "secret-value" not in str(e.value)
 
 
 def test_auto_dtype_reaches_sglang_as_bf16_and_a_restart_keeps_the_version():

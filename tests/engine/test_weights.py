@@ -25,11 +25,13 @@ def other_model_dir(tiny_model_dir, tmp_path_factory):
 
 
 @pytest.fixture()
-def fresh_engine(engine_model_dir):
-    """A server of its own (its weights change), starting at weight_version 3."""
+def fresh_engine(engine_model_dir, other_model_dir, tmp_path):
+    """A server of its own (its weights change), starting at weight_version 3; it may load weights
+    from the other model's directory and the test's tmp_path."""
     from asyncrl.engine.launcher import launch_embedded
 
-    proc = launch_embedded(engine_model_dir, threads=1, weight_version=3, startup_timeout_s=120)
+    proc = launch_embedded(engine_model_dir, threads=1, weight_version=3, startup_timeout_s=120,
+                           weights_dirs=[other_model_dir, tmp_path])
     yield proc
     proc.stop()
 
@@ -79,8 +81,9 @@ async def test_update_weights_from_disk_changes_outputs_and_versions(fresh_engin
     assert (await model_info(url))["weight_version"] == "9"
     # a refused load is HTTP 400 with success=false naming the problem; a malformed request is HTTP 400
     # without "success"; the server keeps serving, on the weights and version it had
-    r = await post(url, "/update_weights_from_disk", {"model_path": "/nonexistent/dir", "weight_version": "10"})
-    assert r.status_code == 400 and r.json()["success"] is False and "/nonexistent/dir" in r.json()["message"]
+    missing = str(tmp_path / "nonexistent")
+    r = await post(url, "/update_weights_from_disk", {"model_path": missing, "weight_version": "10"})
+    assert r.status_code == 400 and r.json()["success"] is False and missing in r.json()["message"]
     r = await post(url, "/update_weights_from_disk", {"model_path": str(bad_dir), "weight_version": "10"})
     assert r.status_code == 400 and r.json()["success"] is False and "model.norm.weight" in r.json()["message"]
     for bad in [{}, {"model_path": 3}, {"model_path": str(engine_model_dir), "weight_version": 10}, "[1]"]:

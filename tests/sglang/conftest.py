@@ -35,6 +35,14 @@ except Exception as e:  # ImportError, or an import-time error of SGLang's chain
     _IMPORT_ERROR = f"{type(e).__name__}: {e}"
 else:
     _IMPORT_ERROR = ""
+    # SGLang's own auth middleware, as `launch_sglang` configures it (keys.yaml: admin-api-key = the run's
+    # token; loopback, so no api-key): the contract tests then prove asyncrl's sender and client carry
+    # the header SGLang accepts, and test_control_routes_need_the_token sees SGLang's refusals.
+    from sglang.srt.utils.auth import add_api_key_middleware
+
+    from asyncrl.engine.auth import ensure_token
+
+    add_api_key_middleware(http_server.app, api_key=None, admin_api_key=ensure_token())
 
 skip_without_sglang = pytest.mark.skipif(
     http_server is None,

@@ -8,6 +8,7 @@ import asyncio
 import httpx
 import pytest
 
+from asyncrl.engine.auth import auth_headers
 from asyncrl.engine.base import SamplingParams
 from asyncrl.engine.client import EngineClient
 from asyncrl.engine.launcher import answers
@@ -25,7 +26,7 @@ async def _until(pred, timeout_s: float = 30.0) -> None:
 
 
 async def _post(url: str, path: str, body) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=30) as h:
+    async with httpx.AsyncClient(timeout=30, headers=auth_headers()) as h:
         return await h.post(url + path, json=body)
 
 
@@ -119,3 +120,15 @@ async def test_paused_engine_fails_health_but_answers_model_info(sglang_app):
             assert await c.weight_versions() == [0]
     finally:
         await _post(url, "/continue_generation", {})
+
+
+def test_sglang_reads_the_launchers_key_file(tmp_path, sglang_config):
+    """What launch_sglang writes is what SGLang's own argument parser turns into its admin key."""
+    from sglang.srt.server_args import prepare_server_args
+
+    from asyncrl.engine.launcher import sglang_key_config
+
+    token = "k" * 43
+    keys = sglang_key_config(tmp_path, "127.0.0.1", token)
+    args = prepare_server_args(["--model-path", sglang_config.model_path, "--config", str(keys)])
+    assert args.admin_api_key == token and args.api_key is None

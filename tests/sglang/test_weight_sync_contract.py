@@ -19,6 +19,7 @@ import httpx
 import pytest
 import torch
 
+from asyncrl.engine.auth import auth_headers
 from asyncrl.engine.base import SamplingParams
 from asyncrl.engine.client import EngineClient
 from asyncrl.engine.launcher import launch_embedded
@@ -60,7 +61,8 @@ def engine(request) -> Iterator[Engine]:
         with SGLangApp(tm) as app:
             yield Engine("sglang", app.url, tm)
         return
-    proc = launch_embedded(request.getfixturevalue("tiny_model_dir"), threads=1)
+    proc = launch_embedded(request.getfixturevalue("tiny_model_dir"), threads=1,
+                           weights_dirs=[request.getfixturevalue("tmp_path")])  # the disk test writes there
     try:
         yield Engine("embedded", proc.url)
     finally:
@@ -96,7 +98,7 @@ def assert_idle_at(engine: Engine, version: int) -> None:
     generation runs (not paused) and reports the version."""
     info = httpx.get(engine.url + "/model_info", timeout=10).json()
     assert info["weight_version"] == str(version), info
-    r = httpx.post(engine.url + "/end_weight_update", json={}, timeout=10)
+    r = httpx.post(engine.url + "/end_weight_update", json={}, timeout=10, headers=auth_headers())
     assert r.status_code == 400 and r.json()["success"] is False, r.text
     r = httpx.post(engine.url + "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}},
                    timeout=30)
@@ -159,6 +161,21 @@ async def test_unknown_tensor_name_sglang_skips_it_the_embedded_engine_refuses(e
     assert_idle_at(engine, 0)
 
 
+async def test_control_routes_need_the_token_and_generation_stays_open(engine):
+    """SGLang with --admin-api-key (its own middleware, conftest) and the embedded engine refuse alike."""
+    control = [("/abort_request", {"abort_all": True}), ("/pause_generation", {"mode": "abort"}),
+               ("/begin_weight_update", {}), ("/update_weights_from_disk", {"model_path": "/etc"}),
+               ("/init_weights_update_group", {"master_address": "203.0.113.9", "master_port": 29500,
+                                               "rank_offset": 1, "world_size": 2, "group_name": "g", "backend": "gloo"})]
+    async with httpx.AsyncClient(timeout=30, trust_env=False) as h:
+        for path, body in control:
+            for headers in ({}, {"Authorization": "Bearer " + "x" * 43}):
+                r = await h.post(engine.url + path, json=body, headers=headers)
+                assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}, (engine.kind, path, r.text)
+        assert (await h.get(engine.url + "/model_info")).status_code == 200
+    assert_idle_at(engine, 0)  # nothing changed; /generate answers without a token
+
+
 async def test_disk_sync_needs_no_session(engine, tmp_path):
     sent = tensors(4)
     sender = WeightSender(DiskTransport(str(tmp_path), timeout_s=60), timeout_s=60)
@@ -181,9 +198,9 @@ async def test_tensor_transport(engine):
 
 
 async def test_a_session_left_open_by_a_dead_sender_is_closed_and_reopened(engine):
-    r = httpx.post(engine.url + "/begin_weight_update", json={}, timeout=10)
+    r = httpx.post(engine.url + "/begin_weight_update", json={}, timeout=10, headers=auth_headers())
     assert r.status_code == 200 and r.json()["success"] is True
-    r = httpx.post(engine.url + "/begin_weight_update", json={}, timeout=10)  # a second begin: refused
+    r = httpx.post(engine.url + "/begin_weight_update", json={}, timeout=10, headers=auth_headers())  # a second begin: refused
     assert r.status_code == 400 and r.json()["success"] is False
     sent = tensors(6)
     report = await synced(engine, gloo(), sent, 2)
@@ -220,7 +237,7 @@ async def test_a_generation_spanning_the_sync_reports_both_versions(engine, mode
     ("/destroy_weights_update_group", {"group_name": "no-such-group"}),
 ], ids=["update-outside-session", "end-without-begin", "destroy-unknown-group"])
 def test_refusals_are_sglangs_400_with_success_false(engine, path, body):
-    r = httpx.post(engine.url + path, json=body, timeout=10)
+    r = httpx.post(engine.url + path, json=body, timeout=10, headers=auth_headers())
     assert r.status_code == 400 and r.json()["success"] is False and r.json()["message"], r.text
     assert httpx.get(engine.url + "/model_info", timeout=10).json()["weight_version"] == "0"
 
@@ -230,7 +247,7 @@ def test_refusals_are_sglangs_400_with_success_false(engine, path, body):
 def test_malformed_update_is_a_4xx_without_success(engine, body):
     """A body SGLang cannot parse never reaches the backend: an error object, no "success" key, which
     the sender classifies as its own configuration error (engine_http.classify)."""
-    r = httpx.post(engine.url + "/update_weights_from_distributed", json=body, timeout=10)
+    r = httpx.post(engine.url + "/update_weights_from_distributed", json=body, timeout=10, headers=auth_headers())
     assert 400 <= r.status_code < 500 and "success" not in r.json(), r.text
     assert httpx.get(engine.url + "/model_info", timeout=10).json()["weight_version"] == "0"
 
@@ -252,7 +269,7 @@ async def test_flush_with_requests_running_fails_the_update_so_the_sender_pauses
                     await asyncio.sleep(0.01)
                 body = {"names": [], "dtypes": [], "shapes": [], "group_name": sender.transport.group_name,
                         "weight_version": "1", "flush_cache": True}
-                async with httpx.AsyncClient(base_url=app.url, timeout=30) as h:
+                async with httpx.AsyncClient(base_url=app.url, timeout=30, headers=auth_headers()) as h:
                     replies = {}
                     for mode in ("in_place", "retract"):
                         assert (await h.post("/pause_generation", json={"mode": mode})).status_code == 200

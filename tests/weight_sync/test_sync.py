@@ -12,13 +12,16 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 import torch
 
 from asyncrl.config import Config, ModelConfig, WeightSyncConfig
+from asyncrl.engine.auth import auth_headers
 from asyncrl.engine.base import SamplingParams
 from asyncrl.engine.client import EngineClient
 from asyncrl.engine.launcher import launch_embedded
@@ -100,10 +103,16 @@ def outputs(learner, tiny_model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def shared(tiny_model_dir):
+def disk_root(tmp_path_factory):
+    """Where the shared engines may load weights from disk (their --weights-dir)."""
+    return tmp_path_factory.mktemp("disk_root")
+
+
+@pytest.fixture(scope="module")
+def shared(tiny_model_dir, disk_root):
     """Two engines for tests that set all weights themselves before asserting anything."""
     with ThreadPoolExecutor(2) as ex:
-        procs = list(ex.map(lambda _: launch_embedded(tiny_model_dir, threads=1), range(2)))
+        procs = list(ex.map(lambda _: launch_embedded(tiny_model_dir, threads=1, weights_dirs=[disk_root]), range(2)))
     yield procs
     for p in procs:
         p.stop()
@@ -198,15 +207,15 @@ async def test_updates_outside_a_session_are_refused_with_400(fresh):
     tensor = {"serialized_named_tensors": ["AA=="], "weight_version": "5"}
     for path, body in [("/update_weights_from_distributed", dist), ("/update_weights_from_tensor", tensor),
                        ("/end_weight_update", {})]:
-        r = httpx.post(url + path, json=body, timeout=10)
+        r = httpx.post(url + path, json=body, timeout=10, headers=auth_headers())
         assert r.status_code == 400 and r.json()["success"] is False, (path, r.text)
-    assert httpx.post(url + "/begin_weight_update", json={}, timeout=10).status_code == 200
-    second = httpx.post(url + "/begin_weight_update", json={}, timeout=10)
+    assert httpx.post(url + "/begin_weight_update", json={}, timeout=10, headers=auth_headers()).status_code == 200
+    second = httpx.post(url + "/begin_weight_update", json={}, timeout=10, headers=auth_headers())
     assert second.status_code == 400 and second.json()["success"] is False
     # inside the session: no such group is a refusal too (before any broadcast)
-    r = httpx.post(url + "/update_weights_from_distributed", json=dist, timeout=10)
+    r = httpx.post(url + "/update_weights_from_distributed", json=dist, timeout=10, headers=auth_headers())
     assert r.status_code == 400 and r.json()["success"] is False
-    assert httpx.post(url + "/end_weight_update", json={}, timeout=10).status_code == 200
+    assert httpx.post(url + "/end_weight_update", json={}, timeout=10, headers=auth_headers()).status_code == 200
     assert version_of(url) == "0" and not info(url)["session_open"]
 
 
@@ -223,7 +232,7 @@ async def test_updates_outside_a_session_are_refused_with_400(fresh):
 def test_malformed_update_requests_are_400_without_success_and_harmless(untouched, body):
     eng = untouched
     kw = {"content": body} if isinstance(body, str) else {"json": body}
-    r = httpx.post(eng.url + "/update_weights_from_distributed", timeout=10, **kw)
+    r = httpx.post(eng.url + "/update_weights_from_distributed", timeout=10, headers=auth_headers(), **kw)
     assert r.status_code == 400 and "success" not in r.json() and r.json()["message"]
     assert version_of(eng.url) == "0" and greedy(eng.url)
 
@@ -255,7 +264,7 @@ async def test_killed_engine_is_left_out_and_the_survivor_is_closed_and_resumed(
 
 async def test_a_session_left_open_by_a_dead_sender_is_closed_and_reopened(fresh, learner, outputs):
     (eng,) = fresh(1)
-    assert httpx.post(eng.url + "/begin_weight_update", json={}, timeout=10).status_code == 200
+    assert httpx.post(eng.url + "/begin_weight_update", json={}, timeout=10, headers=auth_headers()).status_code == 200
     report = await full_sync(learner, [eng.url], 3)
     assert report.ok and version_of(eng.url) == "3" and greedy(eng.url) == outputs[1]
     assert not info(eng.url)["session_open"]
@@ -322,9 +331,10 @@ async def test_in_place_mode_keeps_the_request_running_across_the_switch(shared,
     assert 0 < k < 1500 and out["versions"] == [v] * k + [v + 1] * (1500 - k)
 
 
-async def test_disk_transport_loads_the_shards(shared, tiny_model_dir, outputs, tmp_path):
+async def test_disk_transport_loads_the_shards(shared, tiny_model_dir, outputs, disk_root):
     from safetensors.torch import load_file
 
+    tmp_path = Path(tempfile.mkdtemp(dir=disk_root))
     base = load_file(str(tiny_model_dir / "model.safetensors"))
     url = shared[0].url
     sender = WeightSender(DiskTransport(str(tmp_path), timeout_s=60), timeout_s=60)
