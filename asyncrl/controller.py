@@ -18,10 +18,11 @@ from pathlib import Path
 import ray
 
 from asyncrl import registry
-from asyncrl.config import Config, to_dict
+from asyncrl.config import Config
 from asyncrl.fleet import Fleet, load_rows
 from asyncrl.learner.checkpoint import checkpoints_root, latest_checkpoint, prune_checkpoints
 from asyncrl.metrics import MetricsLogger
+from asyncrl.secrets import shown_config
 
 log = logging.getLogger("asyncrl")
 
@@ -30,7 +31,7 @@ def run(cfg: Config) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(cfg.trainer.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    (out / "config.json").write_text(json.dumps(shown_config(cfg), indent=2))
     registry.load_all(cfg.plugins)
     from asyncrl.env_api import resolve_env
 
@@ -42,7 +43,7 @@ def run(cfg: Config) -> int:
              ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING)
     stop_signal = _stop_on_signals()
     metrics = MetricsLogger(out, wandb_mode=cfg.trainer.wandb, project=cfg.trainer.wandb_project,
-                            config=to_dict(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps)
+                            config=shown_config(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps)
     fleet = Fleet(cfg, out, rows)
     try:
         with env.services(cfg.env) as tool_overrides:

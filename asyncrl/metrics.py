@@ -2,7 +2,8 @@
 
 On a terminal the progress is one line rewritten in place; elsewhere (CI, a log file) each step is
 printed as a plain line. Nothing here is needed for correctness; failures of wandb are reported
-once and then ignored so that a logging problem never stops a training run.
+once and then ignored so that a logging problem never stops a training run. The config given to
+wandb goes through `asyncrl.secrets.redacted`; wandb reads its own key from WANDB_API_KEY.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import wandb
+
+from asyncrl.secrets import redacted
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,7 @@ class MetricsLogger:
         if wandb_mode != "off":
             try:
                 os.environ.setdefault("WANDB_SILENT", "true")
-                self._wandb = wandb.init(project=project, mode=wandb_mode, dir=str(output_dir), config=config or {},
+                self._wandb = wandb.init(project=project, mode=wandb_mode, dir=str(output_dir), config=redacted(config or {}),
                                          reinit=True)
             except Exception as e:  # logging must never stop training
                 log.warning("wandb disabled: %r", e)
