@@ -123,6 +123,9 @@ class BufferKeys:
     def for_run(cls, cfg: BufferConfig) -> Optional[BufferKeys]:
         """The keys a run's buffer uses: None without CURVE, else from buffer.keys_dir or fresh."""
         if not curve_enabled(cfg):
+            if cfg.keys_dir:
+                raise BufferKeyError(f"buffer.keys_dir={cfg.keys_dir!r} is set but buffer.curve={cfg.curve!r} "
+                                     f"(host {cfg.host!r}) turns CURVE off: set buffer.curve=on or unset keys_dir")
             return None
         return cls.load(cfg.keys_dir) if cfg.keys_dir else cls.generate()
 

@@ -144,6 +144,13 @@ def test_keys_dir_others_may_read_or_bad_key_is_refused(tmp_path):
                                            ("127.0.0.1", "on", True), ("10.0.0.1", "off", False)])
 def test_curve_auto_means_on_for_a_non_loopback_bind(host, curve, on):
     assert curve_enabled(BufferConfig(host=host, curve=curve)) is on
+    assert (BufferKeys.for_run(BufferConfig(host=host, curve=curve)) is not None) is on
+
+
+def test_a_keys_dir_with_curve_off_is_refused(tmp_path):
+    with pytest.raises(BufferKeyError, match="keys_dir=.* is set but buffer.curve='auto'"):
+        BufferKeys.for_run(BufferConfig(keys_dir=str(tmp_path / "k")))
+    assert not (tmp_path / "k").exists()
 
 
 def test_cli_takes_no_key_values_on_argv():

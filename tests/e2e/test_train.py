@@ -16,7 +16,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from zmq.utils import z85
 
+from asyncrl.buffer.keys import BufferKeys
 from asyncrl.metrics import read_metrics
 
 pytestmark = [pytest.mark.timeout(420)]
@@ -209,3 +211,55 @@ def test_interrupt_checkpoints_then_stops_every_child(tiny_model_dir, tmp_path, 
     assert steps and steps[-1] >= 2, steps  # checkpoint_every=100 was never reached: the signal wrote it
     _, left = psutil.wait_procs(ours, timeout=30)  # by pid and start time: a reused pid is not ours
     assert not left, f"processes of the run still alive after Ctrl-C: {[(p.pid, _cmdline(p)) for p in left]}"
+
+
+def test_curve_run_writes_no_secret_to_its_output_dir_or_argv(tiny_model_dir, tmp_path, monkeypatch):
+    """Issue 13: a run with CURVE on (keys in a 0700 dir outside the output dir) and a wandb key in its
+    environment, wandb offline: no file under the output dir (binary included) and no command line of
+    the run's own process tree, sampled while it runs, holds a secret key or the wandb key."""
+    keys_dir = tmp_path / "keys"
+    keys = BufferKeys.load(keys_dir)
+    wandb_key = "local-" + os.urandom(20).hex()
+    monkeypatch.setenv("WANDB_API_KEY", wandb_key)  # the run inherits it (_train copies os.environ)
+    out = tmp_path / "secure"
+    proc = _train(_overrides(tiny_model_dir, out, **{"buffer.curve": "on", "buffer.keys_dir": str(keys_dir),
+                                                     "trainer.wandb": "offline", "trainer.total_steps": 2,
+                                                     "trainer.checkpoint_every": 1}), wait=False)
+    cmdlines: set[str] = set()  # every command line seen (a Ray worker renames itself once it hosts an actor)
+    chunks = []
+    try:
+        deadline = time.time() + 360
+        while time.time() < deadline:
+            try:
+                tree = [psutil.Process(proc.pid), *_tree(proc)]
+            except psutil.NoSuchProcess:  # the run just ended
+                tree = []
+            cmdlines.update(_cmdline(p) for p in tree)
+            try:
+                chunks.append(proc.communicate(timeout=0.5)[0])  # also drains the pipe; loses no output
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            pytest.fail("the run did not finish within 360 s")
+    finally:
+        if proc.poll() is None:
+            _kill_tree(proc)
+    log = "".join(c for c in chunks if c)
+    assert proc.returncode == 0, log[-4000:]
+    names = " ".join(cmdlines)
+    for part in ("asyncrl.cli train", "ray::BufferActor", "ray::RolloutActor", "ray::LearnerActor"):
+        assert part in names, f"{part!r} was never seen among the run's processes: {names[:2000]}"
+    secrets = {"server secret": keys.server.secret, "producer secret": keys.producer.secret,
+               "consumer secret": keys.consumer.secret, "wandb key": wandb_key}
+    for name, text in secrets.items():
+        assert text not in log, f"the {name} was printed"
+        assert not [c for c in cmdlines if text in c], f"the {name} was on a command line of the run"
+    needles = {**{n: s.encode() for n, s in secrets.items()},  # as text, and the CURVE keys as raw bytes
+               **{f"{n} (raw)": z85.decode(s.encode()) for n, s in secrets.items() if n != "wandb key"}}
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert list(out.glob("wandb/offline-run-*/run-*.wandb")) and (out / "checkpoints" / "step_000001").is_dir()
+    for name, needle in needles.items():
+        assert not [str(p) for p in files if needle in p.read_bytes()], f"the {name} is in the output dir"
+    shown = json.loads((out / "config.json").read_text())["buffer"]
+    assert shown["curve"] == "on" and shown["keys_dir"] == str(keys_dir)  # a reference to the keys, not the keys
