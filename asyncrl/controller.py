@@ -22,13 +22,14 @@ from asyncrl.config import Config
 from asyncrl.fleet import Fleet, load_rows
 from asyncrl.learner.checkpoint import checkpoints_root, latest_checkpoint, prune_checkpoints
 from asyncrl.metrics import MetricsLogger
-from asyncrl.secrets import shown_config
+from asyncrl.secrets import shown_config, withhold_env
 
 log = logging.getLogger("asyncrl")
 
 
 def run(cfg: Config) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    secret_env = withhold_env()  # before anything is started: no child inherits WANDB_API_KEY
     out = Path(cfg.trainer.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(shown_config(cfg), indent=2))
@@ -43,7 +44,8 @@ def run(cfg: Config) -> int:
              ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING)
     stop_signal = _stop_on_signals()
     metrics = MetricsLogger(out, wandb_mode=cfg.trainer.wandb, project=cfg.trainer.wandb_project,
-                            config=shown_config(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps)
+                            config=shown_config(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps,
+                            secret_env=secret_env)
     fleet = Fleet(cfg, out, rows)
     try:
         with env.services(cfg.env) as tool_overrides:

@@ -5,6 +5,10 @@ memory or in `buffer.keys_dir` (asyncrl/buffer/keys.py) and reach each process a
 the wandb key stays in the environment (`WANDB_API_KEY`), read by wandb itself. So no secret can
 reach argv (Hydra overrides), config.json, a checkpoint or the wandb config through the config.
 
+The controller takes the secret environment variables (`SECRET_ENV`) out of its environment
+before it starts anything (`withhold_env`), so Ray workers, engines and tools, which run
+model-written code, never inherit them; only wandb, when online, is given its key.
+
 `redacted` is the backstop every written copy of a config goes through (config.json, a
 checkpoint's config, the wandb config): a field at a path in `SECRET_PATHS`, or whose name says it
 is a secret (`*_secret`, `*password`, `*api_key`, `*_token`), is shown as `REDACTED`, whatever
@@ -13,8 +17,11 @@ later code puts there.
 
 from __future__ import annotations
 
+import os
 import re
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Optional
 
 from asyncrl.config import Config, to_dict
 
@@ -24,6 +31,26 @@ SECRET_PATHS: frozenset[str] = frozenset()
 _SECRET_NAME = re.compile(r"(^|_)(secret|secret_key|password|passphrase|api_key|apikey|token|bearer)$", re.I)
 # environment variables holding secrets a run may see; never copied into config, files or argv
 SECRET_ENV = ("WANDB_API_KEY",)
+
+
+def withhold_env() -> dict[str, str]:
+    """Take the `SECRET_ENV` variables out of this process's environment, so that no process it
+    starts afterwards (Ray's, the engines', the tools') inherits them; returns them for the one
+    user that needs them (wandb online, `asyncrl.metrics.MetricsLogger`)."""
+    return {k: os.environ.pop(k) for k in SECRET_ENV if k in os.environ}
+
+
+@contextmanager
+def secret_env_set(env: Optional[dict[str, str]]) -> Iterator[None]:
+    """`env` in this process's environment for the duration of the block only (a process started
+    inside it, such as wandb's service, inherits it; none started later does)."""
+    env = dict(env or {})
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
 
 
 def is_secret(path: str) -> bool:

@@ -14,6 +14,11 @@ already drops the trajectories it makes stale.
 A GET is parked until enough complete groups exist or its deadline passes (then EMPTY). A new GET
 from the same peer replaces its parked one. On start the log is replayed through the same state
 machine (`asyncrl.buffer.store`) and compacted to the live state.
+
+With CURVE keys (`asyncrl.buffer.keys`), a ZAP handler in the service's own context (`AllowList`)
+admits only the allow-listed producer and consumer public keys and names each connection's role;
+`_handle` answers a request outside its role's `ROLE_OPS` with ERR. A non-loopback bind without
+CURVE is refused (`check_bind`).
 """
 
 from __future__ import annotations
@@ -39,8 +44,8 @@ log = logging.getLogger(__name__)
 
 DRAIN_MAX = 512
 BUSY_RETRY_MS = 50
-# what each client role may ask (with CURVE; the role is the User-Id the ZAP handler gave its key)
 ZAP_DOMAIN = b"asyncrl-buffer"
+# what each client role may ask (with CURVE; the role is the User-Id the ZAP handler gave its key)
 ROLE_OPS = {"producer": {P.PUT, P.PUTS, P.FAIL}, "consumer": {P.GET, P.COMMIT, P.VERSION, P.STATS}}
 
 
@@ -72,15 +77,18 @@ class AllowList(ThreadAuthenticator):
     def __init__(self, ctx: zmq.Context, allowed: dict[str, str]):
         super().__init__(ctx, log=log.getChild("zap"))
         self._roles = {k.encode(): role for k, role in allowed.items()}  # (base class's `_allowed`: addresses)
-        self.denied = 0
+        self.denied = 0  # refused handshakes (a refused client retries: one key may count many times)
+        self._warned: set[bytes] = set()
         self.configure_curve_callback(ZAP_DOMAIN.decode(), self)
 
     def callback(self, domain: str, client_key: bytes) -> bool:
         if client_key in self._roles:
             return True
         self.denied += 1
-        log.warning("replay buffer refused a CURVE client whose public key %s is not on the allow-list",
-                    client_key.decode(errors="replace"))
+        if client_key not in self._warned and len(self._warned) < 100:  # once per key: retries would flood
+            self._warned.add(client_key)
+            log.warning("replay buffer refused a CURVE client whose public key %s is not on the allow-list",
+                        client_key.decode(errors="replace"))
         return False
 
     def curve_user_id(self, client_public_key: bytes) -> str:

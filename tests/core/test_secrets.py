@@ -4,13 +4,16 @@ checkpoint's (`shown_config`) and the wandb config (MetricsLogger, with a real o
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from asyncrl.config import Config, to_dict
 from asyncrl.metrics import MetricsLogger
-from asyncrl.secrets import REDACTED, is_secret, redacted, shown_config
+from asyncrl.secrets import REDACTED, is_secret, redacted, secret_env_set, shown_config, withhold_env
 
 SECRET = "s3cr3t-Zk9!value-that-must-not-leak-0123456789"
 WANDB_KEY = "local-" + "ab12" * 10  # shaped like a wandb key
@@ -44,6 +47,23 @@ def test_the_schema_holds_no_secret_values():
     """Every field of the config schema is a reference or a setting: the default config shows in full.
     A new field whose name says it holds a secret shows as redacted once set (see above)."""
     assert shown_config(Config()) == to_dict(Config())
+
+
+def _child_sees(name: str) -> str:
+    """What a freshly started process finds in its environment under `name`."""
+    r = subprocess.run([sys.executable, "-c", f"import os; print(os.environ.get({name!r}, '<unset>'))"],
+                       capture_output=True, text=True, check=True, timeout=60)
+    return r.stdout.strip()
+
+
+def test_withheld_env_reaches_only_processes_started_inside_secret_env_set(monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", WANDB_KEY)
+    held = withhold_env()
+    assert held == {"WANDB_API_KEY": WANDB_KEY} and "WANDB_API_KEY" not in os.environ
+    assert _child_sees("WANDB_API_KEY") == "<unset>"
+    with secret_env_set(held):
+        assert _child_sees("WANDB_API_KEY") == WANDB_KEY
+    assert _child_sees("WANDB_API_KEY") == "<unset>" and "WANDB_API_KEY" not in os.environ
 
 
 def test_wandb_gets_the_redacted_config_and_never_the_key(tmp_path, monkeypatch):

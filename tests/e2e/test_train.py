@@ -67,6 +67,13 @@ def _cmdline(p: psutil.Process) -> str:
         return ""
 
 
+def _environ(p: psutil.Process) -> dict[str, str]:
+    try:
+        return p.environ()
+    except psutil.Error:
+        return {}
+
+
 def _kill_one(proc: subprocess.Popen, needle: str) -> int:
     """SIGKILL the one process under `proc` whose command line contains `needle`; its pid.
     Never looks outside the run's own process tree, so no other process on the host is touched."""
@@ -216,7 +223,8 @@ def test_interrupt_checkpoints_then_stops_every_child(tiny_model_dir, tmp_path, 
 def test_curve_run_writes_no_secret_to_its_output_dir_or_argv(tiny_model_dir, tmp_path, monkeypatch):
     """Issue 13: a run with CURVE on (keys in a 0700 dir outside the output dir) and a wandb key in its
     environment, wandb offline: no file under the output dir (binary included) and no command line of
-    the run's own process tree, sampled while it runs, holds a secret key or the wandb key."""
+    the run's own process tree, sampled while it runs, holds a secret key or the wandb key, and no
+    process the run started inherited the wandb key."""
     keys_dir = tmp_path / "keys"
     keys = BufferKeys.load(keys_dir)
     wandb_key = "local-" + os.urandom(20).hex()
@@ -226,6 +234,7 @@ def test_curve_run_writes_no_secret_to_its_output_dir_or_argv(tiny_model_dir, tm
                                                      "trainer.wandb": "offline", "trainer.total_steps": 2,
                                                      "trainer.checkpoint_every": 1}), wait=False)
     cmdlines: set[str] = set()  # every command line seen (a Ray worker renames itself once it hosts an actor)
+    inherited: set[str] = set()  # command lines of the run's children whose environment held the wandb key
     chunks = []
     try:
         deadline = time.time() + 360
@@ -235,6 +244,11 @@ def test_curve_run_writes_no_secret_to_its_output_dir_or_argv(tiny_model_dir, tm
             except psutil.NoSuchProcess:  # the run just ended
                 tree = []
             cmdlines.update(_cmdline(p) for p in tree)
+            # /proc/<pid>/environ is the environment a process was exec'd with; a fork of the driver
+            # (same command line, no exec) shows the driver's and holds all of its memory anyway
+            driver = _cmdline(tree[0]) if tree else None
+            inherited.update(c for p in tree[1:] if (c := _cmdline(p)) != driver
+                             and _environ(p).get("WANDB_API_KEY") == wandb_key)
             try:
                 chunks.append(proc.communicate(timeout=0.5)[0])  # also drains the pipe; loses no output
                 break
@@ -252,6 +266,7 @@ def test_curve_run_writes_no_secret_to_its_output_dir_or_argv(tiny_model_dir, tm
         assert part in names, f"{part!r} was never seen among the run's processes: {names[:2000]}"
     secrets = {"server secret": keys.server.secret, "producer secret": keys.producer.secret,
                "consumer secret": keys.consumer.secret, "wandb key": wandb_key}
+    assert not inherited, f"processes the run started inherited WANDB_API_KEY: {sorted(inherited)[:5]}"
     for name, text in secrets.items():
         assert text not in log, f"the {name} was printed"
         assert not [c for c in cmdlines if text in c], f"the {name} was on a command line of the run"
