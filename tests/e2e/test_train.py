@@ -274,7 +274,13 @@ def test_curve_run_writes_no_secret_to_its_output_dir_or_argv(tiny_model_dir, tm
                **{f"{n} (raw)": z85.decode(s.encode()) for n, s in secrets.items() if n != "wandb key"}}
     files = [p for p in out.rglob("*") if p.is_file()]
     assert list(out.glob("wandb/offline-run-*/run-*.wandb")) and (out / "checkpoints" / "step_000001").is_dir()
+    # Ray's logs of this run: its own session directory, named on its gcs_server's command line
+    sessions = {Path(a.split("=", 1)[1]) for c in cmdlines for a in c.split() if a.startswith("--session-dir=")}
+    assert len(sessions) == 1, sessions
+    ray_logs = [p for p in (sessions.pop() / "logs").rglob("*") if p.is_file() and not p.is_symlink()]
+    assert ray_logs
     for name, needle in needles.items():
         assert not [str(p) for p in files if needle in p.read_bytes()], f"the {name} is in the output dir"
+        assert not [str(p) for p in ray_logs if needle in p.read_bytes()], f"the {name} is in Ray's logs"
     shown = json.loads((out / "config.json").read_text())["buffer"]
     assert shown["curve"] == "on" and shown["keys_dir"] == str(keys_dir)  # a reference to the keys, not the keys
