@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer, BufferError, BufferTimeout
-from asyncrl.buffer.keys import BufferEndpoint, BufferKeyError, BufferKeys, KeyPair, curve_enabled
+from asyncrl.buffer.keys import BufferEndpoint, BufferKeyError, BufferKeys, KeyPair, curve_enabled, endpoint
 from asyncrl.config import BufferConfig
 
 from .conftest import traj, wait_until
@@ -48,6 +48,22 @@ async def test_allowed_producer_and_consumer_work(curve_service):
     c.commit([b.batch_id], step=1)
     assert c.stats()["batches_outstanding"] == 0
     c.close()
+
+
+async def test_without_curve_the_run_hands_out_plain_endpoints(service):
+    """buffer.curve=auto on loopback: no keys, and the endpoints the fleet builds carry none."""
+    cfg = BufferConfig()
+    keys = BufferKeys.for_run(cfg)
+    assert keys is None
+    svc = service()
+    p = AsyncBufferProducer(endpoint(keys, svc.address, "producer"))
+    await p.put_bytes(_encode(traj("a", "g")))
+    await p.close()
+    c = BufferConsumer(endpoint(keys, svc.address, "consumer"))
+    assert [g.group_id for g in c.get_batch(1, 0, timeout_s=10).groups] == ["g"]
+    c.close()
+    with pytest.raises(ValueError, match="go together"):
+        BufferEndpoint(svc.address, server_public=KeyPair.generate().public)
 
 
 @pytest.mark.parametrize("who", ["random key", "server's own key", "no CURVE"])
