@@ -302,8 +302,10 @@ class BufferConfig:
     capacity_bytes: int = 4 << 30
     order: Literal["oldest", "newest"] = "oldest"
     max_frame_bytes: int = 256 << 20
-    curve_server_secret: Optional[str] = None  # z85 keys; required for a non-loopback bind
-    curve_server_public: Optional[str] = None
+    # CURVE + a ZAP allow-list of the run's producer and consumer keys (asyncrl/buffer/keys.py);
+    # auto: on for a non-loopback bind (which is refused without it)
+    curve: Literal["off", "on", "auto"] = "auto"
+    keys_dir: Optional[str] = None  # 0700 dir of z85 key files (created when absent); None: in-memory keys
 
     def __post_init__(self) -> None:
         _at_least(self, "buffer", 1, "capacity_trajectories", "capacity_bytes", "max_frame_bytes")

@@ -30,12 +30,13 @@ from typing import Any
 import ray
 
 from asyncrl import registry
-from asyncrl.config import Config, to_dict
+from asyncrl.config import Config
 from asyncrl.engine.auth import ENV as ENGINE_TOKEN_ENV
 from asyncrl.engine.auth import ensure_token
 from asyncrl.fleet import Fleet, load_rows
 from asyncrl.learner.checkpoint import checkpoints_root, latest_checkpoint, prune_checkpoints
 from asyncrl.metrics import MetricsLogger
+from asyncrl.secrets import shown_config, withhold_env
 from asyncrl.watchdog import Verdict, Watchdog
 
 log = logging.getLogger("asyncrl")
@@ -54,6 +55,7 @@ class RunStopped(Exception):
 def run(cfg: Config, rows: list[dict] | None = None) -> int:
     """Train; `rows`: the training rows as preflight checked them (None: load them here)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    secret_env = withhold_env()  # before anything is started: no child inherits WANDB_API_KEY
     out = Path(cfg.trainer.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     # engines load weights from disk only below the run's directories: absolute, whatever an actor's cwd
@@ -66,7 +68,7 @@ def run(cfg: Config, rows: list[dict] | None = None) -> int:
     token = ensure_token()
     joins = cfg.ray.address or os.environ.get("RAY_ADDRESS")
     runtime_env = {"env_vars": {ENGINE_TOKEN_ENV: token}} if joins else None
-    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    (out / "config.json").write_text(json.dumps(shown_config(cfg), indent=2))
     registry.load_all(cfg.plugins)
     from asyncrl.env_api import resolve_env
 
@@ -78,7 +80,8 @@ def run(cfg: Config, rows: list[dict] | None = None) -> int:
              ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING, runtime_env=runtime_env)
     stop_signal = _stop_on_signals()
     metrics = MetricsLogger(out, wandb_mode=cfg.trainer.wandb, project=cfg.trainer.wandb_project,
-                            config=to_dict(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps)
+                            config=shown_config(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps,
+                            secret_env=secret_env)
     fleet = Fleet(cfg, out, rows)
     ending = {"exit_code": EXIT_ERROR, "exit_reason": "crashed", "diagnosis": ""}
     try:

@@ -58,6 +58,7 @@ class Fleet:
     def start(self, tool_overrides: dict, resume_from: Optional[Path] = None) -> None:
         from asyncrl.actors.engine import EngineActor
         from asyncrl.buffer.actor import BufferActor
+        from asyncrl.buffer.keys import BufferKeys, endpoint
         from asyncrl.cpus import available_cpus, cpu_threads
         from asyncrl.models import resolve_model_dir
 
@@ -65,8 +66,10 @@ class Fleet:
         self.tool_overrides = tool_overrides
         model_dir = str(resolve_model_dir(cfg.model))  # converts the default model once, here
         wal_dir = cfg.buffer.wal_dir or str(self.out / "buffer")
-        self.buffer = BufferActor.remote(cfg.buffer, wal_dir, cfg.algorithm.max_staleness)
-        self.buffer_address = ray.get(self.buffer.address.remote())
+        keys = BufferKeys.for_run(cfg.buffer)  # None without CURVE; each process gets only its role's pair
+        self.buffer = BufferActor.remote(cfg.buffer, wal_dir, cfg.algorithm.max_staleness, keys)
+        address = ray.get(self.buffer.address.remote())
+        self.buffer_producer, consumer = (endpoint(keys, address, r) for r in ("producer", "consumer"))
         engine_threads, learner_threads = cpu_threads(cfg.trainer.mode, available_cpus(), cfg.engine.num_engines,
                                                       cfg.trainer.learner_ranks)
         if cfg.engine.urls:  # attached servers: not ours to launch or restart
@@ -75,7 +78,7 @@ class Fleet:
             self.engines = [EngineActor.remote(cfg, model_dir, i, threads=engine_threads)
                             for i in range(cfg.engine.num_engines)]
             self.engine_urls = ray.get([e.start.remote() for e in self.engines])
-        self.learners = LearnerGroup(cfg, self.buffer_address, learner_threads)
+        self.learners = LearnerGroup(cfg, consumer, learner_threads)
         self.supervisor = Supervisor(engines=self.engines, engine_urls=self.engine_urls, learners=self.learners,
                                      base_weights=model_dir, restart_weights=self.out / "engine_restart_weights",
                                      spawn_worker=self._spawn_worker)
@@ -99,7 +102,7 @@ class Fleet:
         from asyncrl.actors.rollout import RolloutActor
 
         w = RolloutActor.remote(self.cfg, r, self.cfg.trainer.rollout_workers, self.engine_urls,
-                                self.buffer_address, str(self.out), self.tool_overrides, self.rows,
+                                self.buffer_producer, str(self.out), self.tool_overrides, self.rows,
                                 position=position, version=version)
         ray.get(w.start.remote())
         return w

@@ -12,18 +12,20 @@ from typing import Any, Optional
 
 import ray
 
+from asyncrl.buffer.keys import BufferEndpoint
 from asyncrl.config import Config
 from asyncrl.job_state import JobState, StepResult
 
 
 class LearnerGroup:
-    def __init__(self, cfg: Config, buffer_address: str, threads: Optional[int] = None):
+    def __init__(self, cfg: Config, buffer: BufferEndpoint, threads: Optional[int] = None):
+        """`buffer`: the consumer's endpoint (its CURVE key pair, if any), handed to rank 0 alone."""
         from asyncrl.actors.learner import LearnerActor
         from asyncrl.net import free_port
 
         port, n = free_port(), cfg.trainer.learner_ranks
         self.actors = [LearnerActor.remote(cfg, r, n, "127.0.0.1", port) for r in range(n)]
-        ray.get([a.setup.remote(buffer_address if r == 0 else None, threads) for r, a in enumerate(self.actors)])
+        ray.get([a.setup.remote(buffer if r == 0 else None, threads) for r, a in enumerate(self.actors)])
 
     def _all(self, method: str, *args: Any, timeout_s: Optional[float] = None) -> Any:
         """Call `method(*args)` on every rank once; rank 0's result."""

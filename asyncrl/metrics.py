@@ -2,7 +2,8 @@
 
 On a terminal the progress is one line rewritten in place; elsewhere (CI, a log file) each step is
 printed as a plain line. Nothing here is needed for correctness; failures of wandb are reported
-once and then ignored so that a logging problem never stops a training run.
+once and then ignored so that a logging problem never stops a training run. The config given to
+wandb goes through `asyncrl.secrets.redacted`; wandb reads its own key from WANDB_API_KEY.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import wandb
+
+from asyncrl.secrets import redacted, secret_env_set
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +44,10 @@ def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
 
 class MetricsLogger:
     def __init__(self, output_dir: str | Path, *, wandb_mode: str = "offline", project: str = "asyncrl",
-                 config: dict | None = None, progress: bool = True, total_steps: int | None = None):
+                 config: dict | None = None, progress: bool = True, total_steps: int | None = None,
+                 secret_env: dict[str, str] | None = None):
+        """`secret_env`: what `asyncrl.secrets.withhold_env` withheld (WANDB_API_KEY); put back in the
+        environment only while an online wandb starts its service, never for offline."""
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1)
@@ -52,8 +58,9 @@ class MetricsLogger:
         if wandb_mode != "off":
             try:
                 os.environ.setdefault("WANDB_SILENT", "true")
-                self._wandb = wandb.init(project=project, mode=wandb_mode, dir=str(output_dir), config=config or {},
-                                         reinit=True)
+                with secret_env_set(secret_env if wandb_mode == "online" else None):
+                    self._wandb = wandb.init(project=project, mode=wandb_mode, dir=str(output_dir),
+                                             config=redacted(config or {}), reinit=True)
             except Exception as e:  # logging must never stop training
                 log.warning("wandb disabled: %r", e)
 

@@ -23,6 +23,7 @@ from typing import Any, Optional
 import msgspec
 import ray
 
+from asyncrl.buffer.keys import BufferEndpoint
 from asyncrl.config import Config
 from asyncrl.job_state import JobState, StepResult
 
@@ -40,7 +41,7 @@ class LearnerActor:
         self.sender = None
         self.uncommitted: list[int] = []
 
-    def setup(self, buffer_address: Optional[str], threads: Optional[int] = None) -> int:
+    def setup(self, buffer: Optional[BufferEndpoint], threads: Optional[int] = None) -> int:
         import torch
         import torch.distributed as dist
 
@@ -55,10 +56,10 @@ class LearnerActor:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
         self.worker = LearnerWorker(self.cfg, rank=self.rank, world_size=self.world_size)
-        if self.rank == 0 and buffer_address:
+        if self.rank == 0 and buffer is not None:
             from asyncrl.buffer.client import BufferConsumer
 
-            self.consumer = BufferConsumer(buffer_address)
+            self.consumer = BufferConsumer(buffer)
         return self.worker.version
 
     # ------------------------------------------------------------------ data

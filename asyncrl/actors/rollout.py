@@ -7,6 +7,7 @@ from typing import Any
 
 import ray
 
+from asyncrl.buffer.keys import BufferEndpoint
 from asyncrl.config import Config
 from asyncrl.job_state import RolloutPosition, RolloutState
 
@@ -14,9 +15,9 @@ from asyncrl.job_state import RolloutPosition, RolloutState
 @ray.remote
 class RolloutActor:
     def __init__(self, cfg: Config, worker_id: int, num_workers: int, engine_urls: list[str],
-                 buffer_address: str, output_dir: str, tool_overrides: dict, rows: list[dict[str, Any]],
+                 buffer: BufferEndpoint, output_dir: str, tool_overrides: dict, rows: list[dict[str, Any]],
                  position: RolloutPosition, version: int):
-        self.args = (cfg, worker_id, num_workers, engine_urls, buffer_address, output_dir, tool_overrides, rows)
+        self.args = (cfg, worker_id, num_workers, engine_urls, buffer, output_dir, tool_overrides, rows)
         self.position, self.version = position, version
         self.worker = None
         self.task: asyncio.Task | None = None
@@ -27,12 +28,12 @@ class RolloutActor:
         from asyncrl.models import load_tokenizer
         from asyncrl.rollout.worker import RolloutWorker
 
-        cfg, worker_id, num_workers, urls, address, output_dir, overrides, rows = self.args
+        cfg, worker_id, num_workers, urls, buffer, output_dir, overrides, rows = self.args
         registry.load_all(cfg.plugins)
         client = EngineClient(urls, timeout_s=cfg.engine.request_timeout_s, max_retries=cfg.engine.max_retries)
         self.worker = RolloutWorker(
             cfg, worker_id=worker_id, num_workers=num_workers, rows=rows, engine=client,
-            tokenizer=load_tokenizer(cfg.model), buffer_address=address, output_dir=output_dir,
+            tokenizer=load_tokenizer(cfg.model), buffer_address=buffer, output_dir=output_dir,
             tool_overrides=overrides, position=self.position, version=self.version,
         )
         self.task = asyncio.create_task(self.worker.run())  # re-issues the position's in-flight groups first

@@ -10,20 +10,22 @@ from pathlib import Path
 import ray
 
 from asyncrl.buffer.client import BufferConsumer
+from asyncrl.buffer.keys import BufferKeys, endpoint
 from asyncrl.buffer.server import BufferService
 from asyncrl.config import BufferConfig
 
 
 @ray.remote(num_cpus=0)
 class BufferActor:
-    def __init__(self, cfg: BufferConfig, wal_dir: str | Path, max_staleness: int):
-        self._svc = BufferService(cfg, wal_dir, max_staleness)
+    def __init__(self, cfg: BufferConfig, wal_dir: str | Path, max_staleness: int, keys: BufferKeys | None):
+        """`keys`: the run's CURVE keys (`BufferKeys.for_run`), None without CURVE; handed over as an
+        argument (never argv); the actor's own client uses the consumer's pair."""
+        self._svc = BufferService(cfg, wal_dir, max_staleness, keys)
         addr = self._svc.start()
         if cfg.host in ("0.0.0.0", "*"):  # advertise this node's address, not the wildcard
             addr = addr.replace("127.0.0.1", ray.util.get_node_ip_address())
         self._addr = addr
-        self._client = BufferConsumer(self._svc.address, timeout_s=30.0,
-                                      curve_server_public=cfg.curve_server_public)
+        self._client = BufferConsumer(endpoint(keys, self._svc.address, "consumer"), timeout_s=30.0)
 
     def address(self) -> str:
         return self._addr

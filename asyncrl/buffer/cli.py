@@ -1,4 +1,8 @@
-"""`asyncrl buffer`: run the replay buffer service alone, in the foreground (debugging, tests)."""
+"""`asyncrl buffer`: run the replay buffer service alone, in the foreground (debugging, tests).
+
+Keys are never command-line values (argv is readable by every local user): with CURVE the service
+reads them from `--keys-dir` (created with fresh keys when absent); clients load the same directory
+(`asyncrl.buffer.keys.BufferKeys.load`) and use their role's pair."""
 
 from __future__ import annotations
 
@@ -20,21 +24,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="eta: trajectories older than version - eta are dropped (a GET may not change it)")
     parser.add_argument("--order", choices=("oldest", "newest"), default=d.order)
     parser.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes)
-    parser.add_argument("--curve-secret", default=None, help="z85 server secret key")
-    parser.add_argument("--curve-public", default=None, help="z85 server public key")
+    parser.add_argument("--curve", choices=("off", "on", "auto"), default=d.curve,
+                        help="CURVE encryption + allow-list of the client keys (auto: on for a non-loopback host)")
+    parser.add_argument("--keys-dir", default=None,
+                        help="with CURVE: 0700 directory of the key files (server/producer/consumer.key_secret), "
+                             "created with fresh keys when absent")
 
 
 def main(args: argparse.Namespace) -> int:
+    from asyncrl.buffer.keys import BufferKeyError, BufferKeys, curve_enabled
     from asyncrl.buffer.server import BufferConfigError, serve_forever
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = BufferConfig(host=args.host, port=args.port, wal_dir=args.wal_dir, fsync=args.fsync,
                        capacity_trajectories=args.capacity_trajectories, capacity_bytes=args.capacity_bytes,
                        order=args.order, max_frame_bytes=args.max_frame_bytes,
-                       curve_server_secret=args.curve_secret, curve_server_public=args.curve_public)
+                       curve=args.curve, keys_dir=args.keys_dir)
     try:
-        serve_forever(cfg, args.wal_dir, args.max_staleness)
-    except BufferConfigError as e:
+        if curve_enabled(cfg) and not cfg.keys_dir:
+            raise BufferConfigError(f"--curve={cfg.curve} (host {cfg.host!r}) needs --keys-dir: the clients must "
+                                    "load the same keys")
+        serve_forever(cfg, args.wal_dir, args.max_staleness, BufferKeys.for_run(cfg))
+    except (BufferConfigError, BufferKeyError) as e:
         print(f"asyncrl buffer: {e}")
         return 2
     return 0

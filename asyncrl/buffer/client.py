@@ -9,6 +9,10 @@ Producer guarantees: `put` returns only after the buffer acknowledged the WAL ap
 that gets no reply within `timeout_s` is sent again with the same trajectory (same uid; the buffer
 stores a uid once) up to `retries` times; a BUSY reply (back-pressure) makes it wait and retry without
 limit, since waiting for the learner to drain is the intended behaviour.
+
+Each takes a `BufferEndpoint` (or a bare address for a buffer without CURVE): with CURVE, the socket
+authenticates with the endpoint's client key pair, which the buffer admits only if it is on its
+allow-list (one pair for producers, one for the consumer: asyncrl/buffer/keys.py).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import zmq
 import zmq.asyncio
 
 from asyncrl.buffer import protocol as P
+from asyncrl.buffer.keys import BufferEndpoint
 from asyncrl.schema import Batch, Trajectory
 
 log = logging.getLogger(__name__)
@@ -40,11 +45,17 @@ class BufferTimeout(BufferError, TimeoutError):
     pass
 
 
-def _curve(sock: zmq.Socket, server_public: str | None) -> None:
-    if server_public:
-        pub, sec = zmq.curve_keypair()
-        sock.curve_serverkey = server_public.encode()
-        sock.curve_publickey, sock.curve_secretkey = pub, sec
+def _endpoint(endpoint: str | BufferEndpoint) -> BufferEndpoint:
+    ep = endpoint if isinstance(endpoint, BufferEndpoint) else BufferEndpoint(endpoint)
+    if not ep.address.startswith(("tcp://", "ipc://", "inproc://")):
+        raise ValueError(f"buffer address {ep.address!r} must look like tcp://host:port")
+    return ep
+
+
+def _curve(sock: zmq.Socket, ep: BufferEndpoint) -> None:
+    if ep.client is not None:
+        sock.curve_serverkey = ep.server_public.encode()
+        sock.curve_publickey, sock.curve_secretkey = ep.client.public.encode(), ep.client.secret.encode()
 
 
 def _ids():
@@ -61,12 +72,9 @@ class AsyncBufferProducer:
     MAX_COALESCE = 256
     MAX_COALESCE_BYTES = 16 << 20
 
-    def __init__(self, address: str, *, timeout_s: float = 10.0, retries: int = 20,
-                 curve_server_public: str | None = None):
-        if not address.startswith(("tcp://", "ipc://", "inproc://")):
-            raise ValueError(f"buffer address {address!r} must look like tcp://host:port")
-        self.address, self.timeout_s, self.retries = address, timeout_s, retries
-        self._curve = curve_server_public
+    def __init__(self, endpoint: str | BufferEndpoint, *, timeout_s: float = 10.0, retries: int = 20):
+        self._endpoint = _endpoint(endpoint)
+        self.address, self.timeout_s, self.retries = self._endpoint.address, timeout_s, retries
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._waiting: dict[bytes, tuple[float, list[asyncio.Future], bool]] = {}  # req_id -> (t, futs, is_puts)
@@ -84,7 +92,7 @@ class AsyncBufferProducer:
             s = self._ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.SNDHWM, 10_000)
-            _curve(s, self._curve)
+            _curve(s, self._endpoint)
             s.connect(self.address)
             self._sock = s
             self._wake = asyncio.Event()
@@ -230,16 +238,15 @@ class BufferConsumer:
     REQUEST_TRIES = 3
     GRACE_S = 2.0  # how long past a GET's deadline the client still waits for the parked reply
 
-    def __init__(self, address: str, *, timeout_s: float = 10.0, curve_server_public: str | None = None):
-        if not address.startswith(("tcp://", "ipc://", "inproc://")):
-            raise ValueError(f"buffer address {address!r} must look like tcp://host:port")
-        self.address, self.timeout_s = address, timeout_s
+    def __init__(self, endpoint: str | BufferEndpoint, *, timeout_s: float = 10.0):
+        ep = _endpoint(endpoint)
+        self.address, self.timeout_s = ep.address, timeout_s
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))  # never block forever on a send
-        _curve(self._sock, curve_server_public)
-        self._sock.connect(address)
+        _curve(self._sock, ep)
+        self._sock.connect(ep.address)
         self._ids = _ids()
         self._late_batches: list[list] = []
 

@@ -14,11 +14,15 @@ already drops the trajectories it makes stale.
 A GET is parked until enough complete groups exist or its deadline passes (then EMPTY). A new GET
 from the same peer replaces its parked one. On start the log is replayed through the same state
 machine (`asyncrl.buffer.store`) and compacted to the live state.
+
+With CURVE keys (`asyncrl.buffer.keys`), a ZAP handler in the service's own context (`AllowList`)
+admits only the allow-listed producer and consumer public keys and names each connection's role;
+`_handle` answers a request outside its role's `ROLE_OPS` with ERR. A non-loopback bind without
+CURVE is refused (`check_bind`).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import threading
 import time
@@ -26,8 +30,11 @@ from pathlib import Path
 
 import msgspec
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
 from asyncrl.buffer import protocol as P
+from asyncrl.buffer.keys import BufferKeys, curve_enabled, is_loopback
 from asyncrl.buffer.store import BufferState, Entry
 from asyncrl.buffer.wal import WriteAheadLog, frame_parts
 from asyncrl.config import BufferConfig
@@ -37,34 +44,55 @@ log = logging.getLogger(__name__)
 
 DRAIN_MAX = 512
 BUSY_RETRY_MS = 50
-_LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+ZAP_DOMAIN = b"asyncrl-buffer"
+# what each client role may ask (with CURVE; the role is the User-Id the ZAP handler gave its key)
+ROLE_OPS = {"producer": {P.PUT, P.PUTS, P.FAIL}, "consumer": {P.GET, P.COMMIT, P.VERSION, P.STATS}}
 
 
 class BufferConfigError(ValueError):
     """A buffer configuration that must not run (e.g. a non-loopback bind without CURVE keys)."""
 
 
-def is_loopback(host: str) -> bool:
-    if host in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # "*", "0.0.0.0"-like wildcards, interface names, host names
-
-
-def check_bind(cfg: BufferConfig) -> None:
-    """Refuse a non-loopback bind without CURVE keys, and half-configured keys."""
-    has_secret, has_public = bool(cfg.curve_server_secret), bool(cfg.curve_server_public)
-    if has_secret != has_public:
-        raise BufferConfigError("buffer.curve_server_secret and buffer.curve_server_public must be set together")
-    if not is_loopback(cfg.host) and not has_secret:
+def check_bind(cfg: BufferConfig, keys: BufferKeys | None) -> None:
+    """Refuse a non-loopback bind without CURVE, CURVE without keys, and keys without CURVE."""
+    curve = curve_enabled(cfg)
+    if not is_loopback(cfg.host) and not curve:
         raise BufferConfigError(
-            f"buffer.host={cfg.host!r} is not a loopback address and no CURVE keys are configured: refusing to "
-            "expose the replay buffer unauthenticated. Set buffer.curve_server_secret/curve_server_public "
-            "(z85 keys from zmq.curve_keypair()) or bind to 127.0.0.1.")
-    if has_secret and not zmq.has("curve"):
-        raise BufferConfigError("CURVE keys are configured but this libzmq was built without CURVE support")
+            f"buffer.host={cfg.host!r} is not a loopback address and buffer.curve={cfg.curve!r}: refusing to "
+            "expose the replay buffer without CURVE. Set buffer.curve=on (or auto) or bind to 127.0.0.1.")
+    if curve and keys is None:
+        raise BufferConfigError(f"buffer.curve={cfg.curve!r} (host {cfg.host!r}) needs the CURVE keys "
+                                "(asyncrl.buffer.keys.BufferKeys) and none were given")
+    if keys is not None and not curve:
+        raise BufferConfigError(f"CURVE keys were given but buffer.curve={cfg.curve!r} (host {cfg.host!r}) "
+                                "turns CURVE off")
+    if curve and not zmq.has("curve"):
+        raise BufferConfigError("buffer.curve is on but this libzmq was built without CURVE support")
+
+
+class AllowList(ThreadAuthenticator):
+    """The ZAP handler of the service's context: a CURVE client is admitted only if its public key
+    is on the allow-list, and its User-Id is its role. Runs in its own thread of the service."""
+
+    def __init__(self, ctx: zmq.Context, allowed: dict[str, str]):
+        super().__init__(ctx, log=log.getChild("zap"))
+        self._roles = {k.encode(): role for k, role in allowed.items()}  # (base class's `_allowed`: addresses)
+        self.denied = 0  # refused handshakes (a refused client retries: one key may count many times)
+        self._warned: set[bytes] = set()
+        self.configure_curve_callback(ZAP_DOMAIN.decode(), self)
+
+    def callback(self, domain: str, client_key: bytes) -> bool:
+        if client_key in self._roles:
+            return True
+        self.denied += 1
+        if client_key not in self._warned and len(self._warned) < 100:  # once per key: retries would flood
+            self._warned.add(client_key)
+            log.warning("replay buffer refused a CURVE client whose public key %s is not on the allow-list",
+                        client_key.decode(errors="replace"))
+        return False
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return self._roles[z85.encode(client_public_key)]
 
 
 def decode_put(body: bytes) -> Entry:
@@ -89,17 +117,18 @@ class _Parked(msgspec.Struct):
 class BufferService:
     """Owns the socket, the WAL and the in-memory state. `start()` returns the address to connect to."""
 
-    def __init__(self, cfg: BufferConfig, wal_dir: str | Path, max_staleness: int):
-        check_bind(cfg)
+    def __init__(self, cfg: BufferConfig, wal_dir: str | Path, max_staleness: int, keys: BufferKeys | None = None):
+        check_bind(cfg, keys)
         if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
             raise BufferConfigError(f"buffer max_staleness must be an integer >= 0, got {max_staleness!r}")
-        self.cfg = cfg
+        self.cfg, self.keys = cfg, keys
+        self._auth: AllowList | None = None
         self.wal = WriteAheadLog(wal_dir, cfg.fsync)
         self.state = BufferState(cfg.capacity_trajectories, cfg.capacity_bytes, cfg.order)
         self.max_staleness = max_staleness  # eta: fixed for the service's life
         self.version = 0
         self.threshold = -max_staleness  # version - eta, from the last VERSION or GET
-        self.counts = {"malformed": 0, "bytes_received": 0, "busy_replies": 0, "requests": 0}
+        self.counts = {"malformed": 0, "bytes_received": 0, "busy_replies": 0, "requests": 0, "forbidden": 0}
         self._parked: dict[bytes, _Parked] = {}
         self._sync_fut = None  # running fsync (batched policy) and the replies it releases
         self._in_sync: list[list[bytes]] = []
@@ -117,16 +146,20 @@ class BufferService:
     def start(self) -> str:
         self._replay()
         self._ctx = zmq.Context()
+        if self.keys is not None:  # the ZAP handler must serve before the first client handshakes
+            self._auth = AllowList(self._ctx, self.keys.allowed())
+            self._auth.start()
         s = self._ctx.socket(zmq.ROUTER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SNDHWM, 10_000)
         s.setsockopt(zmq.RCVHWM, 10_000)
         # protocol-level ceiling (the peer is disconnected); frames up to max_frame_bytes get an ERR reply
         s.setsockopt(zmq.MAXMSGSIZE, 2 * self.cfg.max_frame_bytes + (1 << 20))
-        if self.cfg.curve_server_secret:
+        if self.keys is not None:
             s.curve_server = True
-            s.curve_secretkey = self.cfg.curve_server_secret.encode()
-            s.curve_publickey = self.cfg.curve_server_public.encode()
+            s.curve_secretkey = self.keys.server.secret.encode()
+            s.curve_publickey = self.keys.server.public.encode()
+            s.zap_domain = ZAP_DOMAIN
         host = "*" if self.cfg.host in ("0.0.0.0", "*") else self.cfg.host
         url = f"tcp://[{host}]" if ":" in host else f"tcp://{host}"
         try:
@@ -137,6 +170,9 @@ class BufferService:
                 port = s.bind_to_random_port(url)
         except zmq.ZMQError as e:
             s.close()
+            if self._auth is not None:
+                self._auth.stop()
+                self._auth = None
             raise BufferConfigError(f"buffer cannot bind {url}:{self.cfg.port or '<random>'}: {e}") from e
         self._sock = s
         shown = "127.0.0.1" if host == "*" else (f"[{host}]" if ":" in host else host)
@@ -154,6 +190,9 @@ class BufferService:
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -277,6 +316,13 @@ class BufferService:
             self.counts["malformed"] += 1
             replies.append([ident, req_id, P.ERR, msg.encode()[:1000]])
 
+        if self._auth is not None:  # CURVE: the ZAP handler named the sender's role
+            op = m[2] if len(m) >= 3 and isinstance(m[2], bytes) else b""
+            role = frames[-1].get("User-Id")
+            if op not in ROLE_OPS.get(role, ()):
+                self.counts["forbidden"] += 1
+                replies.append([ident, req_id, P.ERR, f"a {role} key may not send {op[:32]!r}".encode()])
+                return
         if len(m) >= 4 and m[2] == P.PUTS and isinstance(m[1], bytes):
             if len(m) - 3 > P.MAX_PUTS:
                 return err(f"PUTS with {len(m) - 3} items exceeds {P.MAX_PUTS}")
@@ -411,16 +457,16 @@ class BufferService:
 
     def stats(self) -> dict:
         return {**self.state.stats(self.version), **self.counts, "version": self.version,
-                "max_staleness": self.max_staleness,
+                "max_staleness": self.max_staleness, "auth_denied": self._auth.denied if self._auth else 0,
                 "wal_bytes_written": self.wal.bytes_written, "wal_fsyncs": self.wal.fsyncs}
 
 
-def serve_forever(cfg: BufferConfig, wal_dir, max_staleness: int) -> None:
+def serve_forever(cfg: BufferConfig, wal_dir, max_staleness: int, keys: BufferKeys | None = None) -> None:
     """Run the service in this process until SIGINT/SIGTERM (used by `asyncrl buffer` and tests).
     Prints one line ``BUFFER_ADDRESS tcp://host:port`` on stdout once it serves."""
     import signal
 
-    svc = BufferService(cfg, wal_dir, max_staleness)
+    svc = BufferService(cfg, wal_dir, max_staleness, keys)
     addr = svc.start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from asyncrl.config import Config, to_dict
+from asyncrl.config import Config
 from asyncrl.learner import checkpoint as ckpt
 from asyncrl.learner.advantages import compute_advantages, group_index
 from asyncrl.learner.distributed import init_distributed
@@ -47,6 +47,7 @@ from asyncrl.learner.packing import (
     scatter_rows,
 )
 from asyncrl.models import default_device, load_model, load_tokenizer
+from asyncrl.secrets import shown_config
 from asyncrl.weight_sync.bucketing import iter_buckets
 
 
@@ -330,7 +331,7 @@ class LearnerWorker:
         """Collective. Model, optimizer, scheduler, RNG, step, version and `extra`, written atomically."""
         meta = {"version": self.version, "optimizer_steps": self.optimizer_steps, "world_size": self.world_size,
                 "scheduler": self.scheduler.state_dict(), "extra": dict(extra)}
-        ckpt.save(path, self.model, self.optimizer, meta=meta, config=to_dict(self.cfg))
+        ckpt.save(path, self.model, self.optimizer, meta=meta, config=shown_config(self.cfg))
 
     def load_checkpoint(self, path: str) -> dict:
         """Collective. Restores everything `save_checkpoint` wrote; returns its `extra`."""

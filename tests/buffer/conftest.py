@@ -30,11 +30,11 @@ def traj(uid: str, group_id: str, version: int = 0, group_size: int = 1, n: int 
 @pytest.fixture
 def service(tmp_path):
     """Factory: start a BufferService on a WAL dir (default tmp_path/wal) with staleness bound
-    `max_staleness` (default 0); all are stopped at teardown."""
+    `max_staleness` (default 0) and CURVE `keys` (default none); all are stopped at teardown."""
     started = []
 
-    def make(wal_dir=None, max_staleness=0, **cfg_kw):
-        svc = BufferService(BufferConfig(**cfg_kw), wal_dir or tmp_path / "wal", max_staleness)
+    def make(wal_dir=None, max_staleness=0, keys=None, **cfg_kw):
+        svc = BufferService(BufferConfig(**cfg_kw), wal_dir or tmp_path / "wal", max_staleness, keys)
         svc.start()
         started.append(svc)
         return svc

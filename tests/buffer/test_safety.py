@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from asyncrl.buffer import protocol as P
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer
+from asyncrl.buffer.keys import BufferKeys
 from asyncrl.buffer.server import BufferConfigError, BufferService, is_loopback
 from asyncrl.config import BufferConfig
 
@@ -81,7 +82,9 @@ def test_raw_tcp_garbage_does_not_break_the_service(service):
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "*", "10.1.2.3", "eth0"])
 def test_non_loopback_bind_without_keys_is_refused(tmp_path, host):
-    with pytest.raises(BufferConfigError, match="not a loopback address and no CURVE keys"):
+    with pytest.raises(BufferConfigError, match="not a loopback address and buffer.curve='off'"):
+        BufferService(BufferConfig(host=host, curve="off"), tmp_path, 0)
+    with pytest.raises(BufferConfigError, match="needs the CURVE keys"):  # auto turns CURVE on: keys needed
         BufferService(BufferConfig(host=host), tmp_path, 0)
 
 
@@ -91,27 +94,12 @@ def test_loopback_recognition():
 
 
 def test_cli_refuses_exposed_bind(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "asyncrl.cli", "buffer", "--host", "0.0.0.0", "--wal-dir",
-                        str(tmp_path)], check=False, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "CURVE" in r.stdout
+    for extra in ([], ["--curve", "off"]):  # auto: CURVE without --keys-dir; off: exposed without CURVE
+        r = subprocess.run([sys.executable, "-m", "asyncrl.cli", "buffer", "--host", "0.0.0.0", "--wal-dir",
+                            str(tmp_path), *extra], check=False, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and ("--keys-dir" if not extra else "without CURVE") in r.stdout, r.stdout
 
 
-def test_half_configured_keys_are_refused(tmp_path):
-    with pytest.raises(BufferConfigError, match="set together"):
-        BufferService(BufferConfig(curve_server_secret="x" * 40), tmp_path, 0)
-
-
-@pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
-async def test_curve_bind_on_all_interfaces_works_with_the_server_key(service):
-    pub, sec = zmq.curve_keypair()
-    svc = service(host="0.0.0.0", curve_server_secret=sec.decode(), curve_server_public=pub.decode())
-    p = AsyncBufferProducer(svc.address, curve_server_public=pub.decode())
-    await p.put(traj("secure", "secure"))
-    await p.close()
-    c = BufferConsumer(svc.address, curve_server_public=pub.decode())
-    assert c.get_batch(1, 0, 0, timeout_s=5).groups[0].group_id == "secure"
-    c.close()
-    plain = BufferConsumer(svc.address, timeout_s=0.5)  # no key: the handshake fails, nothing is answered
-    with pytest.raises(TimeoutError):
-        plain.stats()
-    plain.close()
+def test_keys_without_curve_are_refused(tmp_path):
+    with pytest.raises(BufferConfigError, match="CURVE keys were given but buffer.curve='auto'"):
+        BufferService(BufferConfig(), tmp_path, 0, BufferKeys.generate())  # loopback + auto: CURVE off

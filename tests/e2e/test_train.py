@@ -16,7 +16,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from zmq.utils import z85
 
+from asyncrl.buffer.keys import BufferKeys
 from asyncrl.metrics import read_metrics
 
 pytestmark = [pytest.mark.timeout(420)]
@@ -63,6 +65,13 @@ def _cmdline(p: psutil.Process) -> str:
         return " ".join(p.cmdline())
     except psutil.Error:
         return ""
+
+
+def _environ(p: psutil.Process) -> dict[str, str]:
+    try:
+        return p.environ()
+    except psutil.Error:
+        return {}
 
 
 def _kill_one(proc: subprocess.Popen, needle: str) -> int:
@@ -227,3 +236,69 @@ def test_every_episode_failing_stops_the_run_with_a_diagnosis(tiny_model_dir, tm
     assert (summary["exit_code"], summary["steps_trained"], summary["episodes"]) == (4, 0, 0), summary
     assert summary["episodes_failed"] > 0 and summary["groups_dropped_failed"] > 0, summary
     assert "stopped by the watchdog" in res.stdout, res.stdout[-2000:]
+
+
+def test_curve_run_writes_no_secret_to_its_output_dir_or_argv(tiny_model_dir, tmp_path, monkeypatch):
+    """Issue 13: a run with CURVE on (keys in a 0700 dir outside the output dir) and a wandb key in its
+    environment, wandb offline: no file under the output dir (binary included) and no command line of
+    the run's own process tree, sampled while it runs, holds a secret key or the wandb key, and no
+    process the run started inherited the wandb key."""
+    keys_dir = tmp_path / "keys"
+    keys = BufferKeys.load(keys_dir)
+    wandb_key = "local-" + os.urandom(20).hex()
+    monkeypatch.setenv("WANDB_API_KEY", wandb_key)  # the run inherits it (_train copies os.environ)
+    out = tmp_path / "secure"
+    proc = _train(_overrides(tiny_model_dir, out, **{"buffer.curve": "on", "buffer.keys_dir": str(keys_dir),
+                                                     "trainer.wandb": "offline", "trainer.total_steps": 2,
+                                                     "trainer.checkpoint_every": 1}), wait=False)
+    cmdlines: set[str] = set()  # every command line seen (a Ray worker renames itself once it hosts an actor)
+    inherited: set[str] = set()  # command lines of the run's children whose environment held the wandb key
+    chunks = []
+    try:
+        deadline = time.time() + 360
+        while time.time() < deadline:
+            try:
+                tree = [psutil.Process(proc.pid), *_tree(proc)]
+            except psutil.NoSuchProcess:  # the run just ended
+                tree = []
+            cmdlines.update(_cmdline(p) for p in tree)
+            # /proc/<pid>/environ is the environment a process was exec'd with; a fork of the driver
+            # (same command line, no exec) shows the driver's and holds all of its memory anyway
+            driver = _cmdline(tree[0]) if tree else None
+            inherited.update(c for p in tree[1:] if (c := _cmdline(p)) != driver
+                             and _environ(p).get("WANDB_API_KEY") == wandb_key)
+            try:
+                chunks.append(proc.communicate(timeout=0.5)[0])  # also drains the pipe; loses no output
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            pytest.fail("the run did not finish within 360 s")
+    finally:
+        if proc.poll() is None:
+            _kill_tree(proc)
+    log = "".join(c for c in chunks if c)
+    assert proc.returncode == 0, log[-4000:]
+    names = " ".join(cmdlines)
+    for part in ("asyncrl.cli train", "ray::BufferActor", "ray::RolloutActor", "ray::LearnerActor"):
+        assert part in names, f"{part!r} was never seen among the run's processes: {names[:2000]}"
+    secrets = {"server secret": keys.server.secret, "producer secret": keys.producer.secret,
+               "consumer secret": keys.consumer.secret, "wandb key": wandb_key}
+    assert not inherited, f"processes the run started inherited WANDB_API_KEY: {sorted(inherited)[:5]}"
+    for name, text in secrets.items():
+        assert text not in log, f"the {name} was printed"
+        assert not [c for c in cmdlines if text in c], f"the {name} was on a command line of the run"
+    needles = {**{n: s.encode() for n, s in secrets.items()},  # as text, and the CURVE keys as raw bytes
+               **{f"{n} (raw)": z85.decode(s.encode()) for n, s in secrets.items() if n != "wandb key"}}
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert list(out.glob("wandb/offline-run-*/run-*.wandb")) and (out / "checkpoints" / "step_000001").is_dir()
+    # Ray's logs of this run: its own session directory, named on its gcs_server's command line
+    sessions = {Path(a.split("=", 1)[1]) for c in cmdlines for a in c.split() if a.startswith("--session-dir=")}
+    assert len(sessions) == 1, sessions
+    ray_logs = [p for p in (sessions.pop() / "logs").rglob("*") if p.is_file() and not p.is_symlink()]
+    assert ray_logs
+    for name, needle in needles.items():
+        assert not [str(p) for p in files if needle in p.read_bytes()], f"the {name} is in the output dir"
+        assert not [str(p) for p in ray_logs if needle in p.read_bytes()], f"the {name} is in Ray's logs"
+    shown = json.loads((out / "config.json").read_text())["buffer"]
+    assert shown["curve"] == "on" and shown["keys_dir"] == str(keys_dir)  # a reference to the keys, not the keys
