@@ -62,14 +62,26 @@ class EngineConfig:
     max_running_seqs: int = 16
     max_running_tokens: int = 16384
     launch_timeout_s: float = 300.0
-    request_timeout_s: float = 600.0
-    max_retries: int = 3
+    # A client gives up on an engine that accepts connections but never answers after
+    # (max_retries + 1) x request_timeout_s + backoff = 3 x 180 s = 9 min (refused connections fail in
+    # under 2 s); a supervised engine that hangs is killed by the liveness probe long before that.
+    request_timeout_s: float = 180.0
+    max_retries: int = 2
+    # Liveness of launched engines: a one-token /generate under probe_timeout_s each supervisor check;
+    # probe_failures in a row (not counting while the engine reports itself paused for a weight sync)
+    # and the engine's process group is SIGKILLed and relaunched: about 3 x (20 s + 5 s) ~ 75 s.
+    probe_timeout_s: float = 20.0
+    probe_failures: int = 3
     mem_fraction_static: float = 0.4  # sglang only
     extra_args: list[str] = field(default_factory=list)  # sglang only, passed to launch_server
 
     def __post_init__(self) -> None:
         _check(self.num_engines >= 1, "engine.num_engines", f"must be >= 1, got {self.num_engines}")
         _check(self.max_running_seqs >= 1, "engine.max_running_seqs", f"must be >= 1, got {self.max_running_seqs}")
+        _check(self.request_timeout_s > 0, "engine.request_timeout_s", f"must be > 0, got {self.request_timeout_s}")
+        _check(self.max_retries >= 0, "engine.max_retries", f"must be >= 0, got {self.max_retries}")
+        _check(self.probe_timeout_s > 0, "engine.probe_timeout_s", f"must be > 0, got {self.probe_timeout_s}")
+        _check(self.probe_failures >= 1, "engine.probe_failures", f"must be >= 1, got {self.probe_failures}")
 
 
 @dataclass

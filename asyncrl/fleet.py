@@ -78,7 +78,8 @@ class Fleet:
         self.learners = LearnerGroup(cfg, self.buffer_address, learner_threads)
         self.supervisor = Supervisor(engines=self.engines, engine_urls=self.engine_urls, learners=self.learners,
                                      base_weights=model_dir, restart_weights=self.out / "engine_restart_weights",
-                                     spawn_worker=self._spawn_worker)
+                                     spawn_worker=self._spawn_worker, buffer=self.buffer,
+                                     probe_timeout_s=cfg.engine.probe_timeout_s)
         positions = [RolloutPosition() for _ in range(cfg.trainer.rollout_workers)]
         version = 0
         if resume_from is not None:
