@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 
 import pytest
 
@@ -284,3 +286,29 @@ async def test_one_token_probe_is_answered_while_the_batch_is_full(engine):
     await post(engine.url, "/abort_request", {"rid": "hog-"})
     for h in hogs:
         assert (await h).json()["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+@pytest.mark.timeout(240)
+def test_engine_watch_counts_probes_skips_paused_and_kills_a_stopped_engine(engine_model_dir):
+    """The supervisor's liveness check on a real engine process: a probe that a paused engine cannot
+    answer is not counted; a SIGSTOPped engine (alive to `poll`, answering nothing) fails its probes,
+    and at the limit its process group is SIGKILLed and the check answers False."""
+    import httpx
+
+    from asyncrl.actors.engine import EngineWatch
+    from asyncrl.engine.launcher import launch_embedded
+
+    proc = launch_embedded(engine_model_dir, max_running_seqs=4, threads=1, startup_timeout_s=120)
+    try:
+        watch = EngineWatch(proc, probe_timeout_s=3.0, max_failures=2)
+        assert watch.check() and watch.failures == 0
+        httpx.post(f"{proc.url}/pause_generation", json={"mode": "in_place"}, timeout=30)
+        assert watch.check() and watch.failures == 0  # the probe waited on the pause: not counted
+        httpx.post(f"{proc.url}/continue_generation", json={}, timeout=30)
+        os.kill(proc.pid, signal.SIGSTOP)
+        assert watch.check() and watch.failures == 1  # one failure is tolerated
+        assert not watch.check()  # the second: hung, killed
+        assert proc.proc.poll() == -signal.SIGKILL
+        assert not watch.check()
+    finally:
+        proc.stop()
