@@ -194,8 +194,13 @@ class AlgorithmConfig:
     minibatches: int = 1  # optimizer steps per pass
     micro_batch_tokens: int = 4096  # token budget of one forward/backward
     packing: bool = True
+    # an optimizer step whose loss or grad norm is not finite is skipped (grads dropped, counted in
+    # learner/skipped_steps_nonfinite); this many in a row stop the run
+    max_nonfinite_steps: int = 3
 
     def __post_init__(self) -> None:
+        _check(self.max_nonfinite_steps >= 1, "algorithm.max_nonfinite_steps",
+               f"must be >= 1, got {self.max_nonfinite_steps}")
         _check(self.n_samples >= 1, "algorithm.n_samples", f"must be >= 1, got {self.n_samples}")
         _check(self.max_staleness >= 0, "algorithm.max_staleness", f"must be >= 0, got {self.max_staleness}")
         _check(self.clip_low >= 0 and self.clip_high >= 0, "algorithm.clip_low/clip_high", "must be >= 0")
@@ -235,9 +240,12 @@ class TrainerConfig:
     dump_trajectories: float = 1.0  # fraction of trajectories written to trajectories.jsonl
     progress: bool = True
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    # a learner rank blocked this long in a collective (a peer died or hangs) fails, and the run stops
+    learner_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
         _check(self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}")
+        _check(self.learner_timeout_s > 0, "trainer.learner_timeout_s", f"must be > 0, got {self.learner_timeout_s}")
         _check(self.batch_groups >= 1, "trainer.batch_groups", f"must be >= 1, got {self.batch_groups}")
         _check(0.0 <= self.dump_trajectories <= 1.0, "trainer.dump_trajectories", "must be in [0, 1]")
 
