@@ -206,6 +206,7 @@ def roll_up(states: list[RolloutState], last_poll: tuple[float, int], now: float
         "rollout/episodes": episodes,
         "rollout/episode_errors": sum(s.episode_errors for s in states),
         "rollout/episodes_failed": sum(s.episodes_failed for s in states),
+        "rollout/reward_nonfinite": sum(s.reward_nonfinite for s in states),
         "rollout/reward_mean_all": sum(s.reward_sum for s in states) / max(episodes, 1),
         "rollout/engine_tokens_per_s": (tokens - tok_prev) / max(now - t_prev, 1e-6),
     }

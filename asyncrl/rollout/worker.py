@@ -29,7 +29,7 @@ from asyncrl.env_api import Sample
 from asyncrl.job_state import RolloutPosition, RolloutState
 from asyncrl.rollout.admission import StalenessGate
 from asyncrl.rollout.prompts import PromptDraw, PromptSource
-from asyncrl.schema import Trajectory
+from asyncrl.schema import NonFiniteRewardError, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,8 @@ class RolloutWorker:
         self.producer = AsyncBufferProducer(buffer_address)
         self._episodes = asyncio.Semaphore(cfg.trainer.episodes_per_worker)
         self.inflight: dict[int, PromptDraw] = {}  # position -> draw, for re-issue after a crash
-        self.counts = {"episodes": 0, "episode_errors": 0, "episodes_failed": 0, "groups_started": 0,
+        self.counts = {"episodes": 0, "episode_errors": 0, "episodes_failed": 0, "reward_nonfinite": 0,
+                       "groups_started": 0,
                        "groups_done": 0, "reward_sum": 0.0}
         self._stop = asyncio.Event()
         self._dump_path = Path(output_dir) / f"trajectories-w{worker_id}.jsonl"
@@ -162,6 +163,11 @@ class RolloutWorker:
                     raise
                 except Exception as e:  # engine down, agent-loop bug: counted, retried, then reported
                     self.counts["episode_errors"] += 1
+                    if isinstance(e, NonFiniteRewardError):  # the reward's verdict: no retry, reported failed
+                        self.counts["reward_nonfinite"] += 1
+                        log.warning("episode %s failed: %s", sample.uid, e)
+                        attempt = self.EPISODE_ATTEMPTS
+                        continue
                     if engine_unreachable(e) and outage_s < self.cfg.engine.launch_timeout_s:
                         # the controller is restarting the engine: wait for it without using up attempts
                         log.warning("episode %s: engine unreachable (%s); retrying", sample.uid, e)
