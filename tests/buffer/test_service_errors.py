@@ -115,3 +115,48 @@ def test_a_stopped_service_answers_every_request_with_its_error(tmp_path):
     finally:
         consumer.close()
         svc.stop()
+
+
+@pytest.mark.timeout(180)
+def test_supervisor_stops_the_run_when_the_buffer_actor_reports_its_error(tmp_path):
+    """The controller's path: the buffer runs in a Ray actor; its process's file-size limit is lowered under
+    the log (prlimit), so the next append fails for real; the supervisor's check raises BufferFailed
+    naming the path and errno instead of anyone waiting."""
+    import ray
+
+    from asyncrl.buffer.actor import BufferActor
+    from asyncrl.config import BufferConfig
+    from asyncrl.supervisor import BufferFailed, Supervisor
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        actor = BufferActor.remote(BufferConfig(fsync="each"), str(tmp_path / "wal"), 0)
+        addr = ray.get(actor.address.remote())
+        sup = Supervisor(engines=[], engine_urls=[], learners=None, base_weights="", restart_weights=tmp_path,
+                         spawn_worker=None, buffer=actor)
+        sup.check(0)  # healthy: nothing raised
+        assert asyncio.run(_put_until_refused_after(addr, ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))))
+        with pytest.raises(BufferFailed) as e:
+            sup.check(0)
+        wal = tmp_path / "wal" / WAL_NAME
+        assert f"replay buffer stopped: buffer log write failed: [Errno 27] File too large: '{wal}'" in str(e.value)
+        assert "resume with trainer.resume=auto" in str(e.value)
+        ray.kill(actor)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+async def _put_until_refused_after(address: str, pid: int) -> bool:
+    """One put acked, then the service's file-size limit drops below the log: the next put is refused."""
+    producer = AsyncBufferProducer(address, timeout_s=30.0, retries=2)
+    try:
+        await producer.put(traj("a0", "ga"))
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (1, 1))
+        with pytest.raises(BufferError, match="buffer stopped: buffer log write failed"):
+            await producer.put(traj("a1", "gb"))
+        return True
+    finally:
+        await producer.close()
