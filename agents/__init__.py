@@ -6,3 +6,8 @@ import pkgutil
 
 for _m in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_m.name}")
+
+from asyncrl.registry import alias  # noqa: E402
+
+# verl's agent names, so a verl dataset's `agent_name` column works unchanged (`tool_agent` is the same)
+alias("agent", "single_turn_agent", "single_turn")

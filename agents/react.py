@@ -25,6 +25,7 @@ from asyncrl.agent_loop.base import AgentContext, AgentLoop, Episode
 from asyncrl.agent_loop.chat import ChatFormat
 from asyncrl.agent_loop.tool_calls import ToolCall
 from asyncrl.agent_loop.tool_runner import ToolRunner
+from asyncrl.config import AgentConfig
 from asyncrl.env_api import Sample
 from asyncrl.registry import register
 from asyncrl.schema import Trajectory
@@ -76,10 +77,12 @@ def coerce_bare_input(call: ToolCall, tools: dict[str, Any]) -> ToolCall:
 class ReactAgent(AgentLoop):
     name = "react"
 
+    def chat_format(self, tokenizer: Any, cfg: AgentConfig, tool_schemas: list[dict[str, Any]]) -> ChatFormat:
+        return ChatFormat(tokenizer, system_prompt=cfg.system_prompt, system_suffix=react_instructions(tool_schemas))
+
     async def run(self, sample: Sample, ctx: AgentContext) -> Trajectory:
         cfg = ctx.cfg
-        chat = ChatFormat(ctx.tokenizer, system_prompt=cfg.system_prompt,
-                          system_suffix=react_instructions(ctx.tool_schemas()))
+        chat = self.chat_format(ctx.tokenizer, cfg, ctx.tool_schemas())
         ep = Episode(sample, ctx, self.name, chat, chat.prompt_messages(sample.messages))
         parser = ReactParser()
         tools = ctx.tools()

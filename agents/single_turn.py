@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from asyncrl.agent_loop.base import AgentContext, AgentLoop, Episode
-from asyncrl.agent_loop.chat import ChatFormat
 from asyncrl.env_api import Sample
 from asyncrl.registry import register
 from asyncrl.schema import Trajectory
@@ -14,7 +13,7 @@ class SingleTurnAgent(AgentLoop):
     name = "single_turn"
 
     async def run(self, sample: Sample, ctx: AgentContext) -> Trajectory:
-        chat = ChatFormat(ctx.tokenizer, system_prompt=ctx.cfg.system_prompt)
+        chat = self.chat_format(ctx.tokenizer, ctx.cfg, [])
         ep = Episode(sample, ctx, self.name, chat, chat.prompt_messages(sample.messages))
         out = await ep.generate()
         text = ""

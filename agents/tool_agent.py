@@ -17,9 +17,12 @@ The reward function scores the last assistant message's text.
 
 from __future__ import annotations
 
+from typing import Any
+
 from asyncrl.agent_loop.base import AgentContext, AgentLoop, Episode, InteractionSession
 from asyncrl.agent_loop.chat import ChatFormat
 from asyncrl.agent_loop.tool_runner import ToolRunner
+from asyncrl.config import AgentConfig
 from asyncrl.env_api import Sample
 from asyncrl.registry import register
 from asyncrl.schema import Trajectory
@@ -31,9 +34,12 @@ from .parsers import get_parser
 class ToolAgent(AgentLoop):
     name = "tool_agent"
 
+    def chat_format(self, tokenizer: Any, cfg: AgentConfig, tool_schemas: list[dict[str, Any]]) -> ChatFormat:
+        return ChatFormat(tokenizer, tools=tool_schemas, system_prompt=cfg.system_prompt)
+
     async def run(self, sample: Sample, ctx: AgentContext) -> Trajectory:
         cfg = ctx.cfg
-        chat = ChatFormat(ctx.tokenizer, tools=ctx.tool_schemas(), system_prompt=cfg.system_prompt)
+        chat = self.chat_format(ctx.tokenizer, cfg, ctx.tool_schemas())
         ep = Episode(sample, ctx, self.name, chat, chat.prompt_messages(sample.messages))
         parser = get_parser(cfg.tool_parser)
         runner = ToolRunner(ctx.tools(), sample.uid, sample.tools_kwargs, cfg, ctx.tokenizer, ep.metrics)

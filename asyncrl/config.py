@@ -41,6 +41,24 @@ def _check(cond: bool, where: str, msg: str) -> None:
         raise ConfigError(f"{where}: {msg}")
 
 
+def _at_least(section: Any, where: str, low: int, *names: str) -> None:
+    """Each named field of `section` is >= `low` (workers, ranks, batch sizes, budgets, capacities)."""
+    for n in names:
+        v = getattr(section, n)
+        _check(v >= low, f"{where}.{n}", f"must be >= {low}, got {v}")
+
+
+def _positive(section: Any, where: str, *names: str) -> None:
+    for n in names:
+        v = getattr(section, n)
+        _check(v > 0, f"{where}.{n}", f"must be > 0, got {v}")
+
+
+# estimators whose baseline is the prompt's group of samples (asyncrl/learner/advantages.py); a group
+# of one gets advantage 0. reinforce_pp normalizes over the batch and works with one sample a prompt.
+GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo")
+
+
 @dataclass
 class ModelConfig:
     name: str = "smollm2-135m"  # a known default model, or "custom" with `path`
@@ -49,6 +67,10 @@ class ModelConfig:
     attn_implementation: Optional[str] = None  # None: sdpa (flash_attention_2 on GPU when installed)
     gradient_checkpointing: bool = False
     cache_dir: Optional[str] = None  # where the default model's safetensors copy is cached
+
+    def __post_init__(self) -> None:
+        if self.name == "custom" and not self.path:
+            raise ConfigError("model=custom needs model.path (a local Hugging Face checkpoint directory)")
 
 
 @dataclass
@@ -78,10 +100,12 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _check(self.num_engines >= 1, "engine.num_engines", f"must be >= 1, got {self.num_engines}")
         _check(self.max_running_seqs >= 1, "engine.max_running_seqs", f"must be >= 1, got {self.max_running_seqs}")
-        _check(self.request_timeout_s > 0, "engine.request_timeout_s", f"must be > 0, got {self.request_timeout_s}")
-        _check(self.max_retries >= 0, "engine.max_retries", f"must be >= 0, got {self.max_retries}")
-        _check(self.probe_timeout_s > 0, "engine.probe_timeout_s", f"must be > 0, got {self.probe_timeout_s}")
-        _check(self.probe_failures >= 1, "engine.probe_failures", f"must be >= 1, got {self.probe_failures}")
+        _at_least(self, "engine", 1, "max_running_tokens")
+        _at_least(self, "engine", 0, "max_retries")
+        _positive(self, "engine", "launch_timeout_s", "request_timeout_s")
+        _check(0 < self.mem_fraction_static <= 1, "engine.mem_fraction_static", f"must be in (0, 1], got {self.mem_fraction_static}")
+        _positive(self, "engine", "probe_timeout_s")
+        _at_least(self, "engine", 1, "probe_failures")
 
 
 @dataclass
@@ -94,6 +118,8 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         _check(self.temperature >= 0, "agent.sampling.temperature", f"must be >= 0, got {self.temperature}")
         _check(0 < self.top_p <= 1, "agent.sampling.top_p", f"must be in (0, 1], got {self.top_p}")
+        _check(self.top_k == -1 or self.top_k >= 1, "agent.sampling.top_k", f"must be -1 (off) or >= 1, got {self.top_k}")
+        _at_least(self, "agent.sampling", 0, "min_new_tokens")
 
 
 @dataclass
@@ -113,8 +139,10 @@ class AgentConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
     def __post_init__(self) -> None:
-        for k in ("max_assistant_turns", "max_turn_tokens", "max_response_tokens", "max_prompt_tokens"):
-            _check(getattr(self, k) >= 1, f"agent.{k}", f"must be >= 1, got {getattr(self, k)}")
+        _at_least(self, "agent", 1, "max_assistant_turns", "max_turn_tokens", "max_response_tokens", "max_prompt_tokens",
+                  "tool_concurrency", "max_tool_response_tokens", "max_consecutive_invalid_calls")
+        _at_least(self, "agent", 0, "max_user_turns")
+        _positive(self, "agent", "tool_timeout_s")
 
 
 @dataclass
@@ -146,6 +174,9 @@ class RetrieverConfig:
     topk: int = 3
     method: Literal["bm25", "dense"] = "bm25"
 
+    def __post_init__(self) -> None:
+        _at_least(self, "env.retriever", 1, "topk")
+
 
 @dataclass
 class EnvConfig:
@@ -163,6 +194,10 @@ class EnvConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
     options: dict[str, Any] = field(default_factory=dict)  # env-specific knobs
+
+    def __post_init__(self) -> None:
+        _at_least(self, "env", 1, "num_train")
+        _at_least(self, "env", 0, "num_val")
 
 
 @dataclass
@@ -202,12 +237,20 @@ class AlgorithmConfig:
         _check(self.max_nonfinite_steps >= 1, "algorithm.max_nonfinite_steps",
                f"must be >= 1, got {self.max_nonfinite_steps}")
         _check(self.n_samples >= 1, "algorithm.n_samples", f"must be >= 1, got {self.n_samples}")
+        _check(self.n_samples >= 2 or self.adv_estimator not in GROUP_ESTIMATORS, "algorithm.n_samples",
+               f"must be >= 2 with adv_estimator={self.adv_estimator} (its baseline is the group of samples "
+               f"of one prompt; a group of 1 has advantage 0 and learns nothing), got {self.n_samples}")
         _check(self.max_staleness >= 0, "algorithm.max_staleness", f"must be >= 0, got {self.max_staleness}")
         _check(self.clip_low >= 0 and self.clip_high >= 0, "algorithm.clip_low/clip_high", "must be >= 0")
         _check(self.is_threshold > 0, "algorithm.is_threshold", f"must be > 0, got {self.is_threshold}")
         _check(self.lr > 0, "algorithm.lr", f"must be > 0, got {self.lr}")
         _check(len(self.betas) == 2, "algorithm.betas", f"must hold 2 values, got {self.betas}")
         _check(self.minibatches >= 1 and self.epochs >= 1, "algorithm.epochs/minibatches", "must be >= 1")
+        _at_least(self, "algorithm", 1, "micro_batch_tokens")
+        _at_least(self, "algorithm", 0, "warmup_steps")
+        _positive(self, "algorithm", "grad_clip")
+        _check(0 <= self.min_lr_ratio <= 1, "algorithm.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        _check(self.kl_coef >= 0 and self.weight_decay >= 0, "algorithm.kl_coef/weight_decay", "must be >= 0")
 
 
 @dataclass
@@ -217,6 +260,10 @@ class WeightSyncConfig:
     timeout_s: float = 120.0
     mode: Literal["in_place", "abort"] = "in_place"
     disk_dir: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _at_least(self, "trainer.weight_sync", 1, "bucket_mb")
+        _positive(self, "trainer.weight_sync", "timeout_s")
 
 
 @dataclass
@@ -240,6 +287,10 @@ class TrainerConfig:
     dump_trajectories: float = 1.0  # fraction of trajectories written to trajectories.jsonl
     progress: bool = True
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    max_prompt_retries: int = 2  # re-issues of a prompt whose group the buffer dropped unserved; then skipped
+    stall_timeout_s: float = 1800.0  # watchdog: stop (exit 4) when no step was trained for this long; 0: off
+    max_failed_episode_fraction: float = 0.9  # watchdog: stop (exit 4) when more of the recent episodes failed
+    failed_episode_window: int = 64  # ... the last episodes each rollout worker keeps; judged once this many exist
     # a learner rank blocked this long in a collective (a peer died or hangs) fails, and the run stops
     learner_timeout_s: float = 900.0
 
@@ -248,6 +299,15 @@ class TrainerConfig:
         _check(self.learner_timeout_s > 0, "trainer.learner_timeout_s", f"must be > 0, got {self.learner_timeout_s}")
         _check(self.batch_groups >= 1, "trainer.batch_groups", f"must be >= 1, got {self.batch_groups}")
         _check(0.0 <= self.dump_trajectories <= 1.0, "trainer.dump_trajectories", "must be in [0, 1]")
+        _check(self.max_prompt_retries >= 0, "trainer.max_prompt_retries", f"must be >= 0, got {self.max_prompt_retries}")
+        _check(self.stall_timeout_s >= 0, "trainer.stall_timeout_s", f"must be >= 0 (0: off), got {self.stall_timeout_s}")
+        _check(0.0 < self.max_failed_episode_fraction <= 1.0, "trainer.max_failed_episode_fraction",
+               f"must be in (0, 1] (1: off), got {self.max_failed_episode_fraction}")
+        _check(self.failed_episode_window >= 1, "trainer.failed_episode_window",
+               f"must be >= 1, got {self.failed_episode_window}")
+        _at_least(self, "trainer", 1, "rollout_workers", "episodes_per_worker", "max_inflight_generations",
+                  "learner_ranks", "keep_checkpoints", "eval_pass_k", "eval_samples")
+        _at_least(self, "trainer", 0, "checkpoint_every", "eval_every")
 
 
 @dataclass
@@ -263,11 +323,18 @@ class BufferConfig:
     curve_server_secret: Optional[str] = None  # z85 keys; required for a non-loopback bind
     curve_server_public: Optional[str] = None
 
+    def __post_init__(self) -> None:
+        _at_least(self, "buffer", 1, "capacity_trajectories", "capacity_bytes", "max_frame_bytes")
+        _check(0 <= self.port <= 65535, "buffer.port", f"must be in [0, 65535], got {self.port}")
+
 
 @dataclass
 class RayConfig:
     address: Optional[str] = None  # None: start a local instance; "auto": join a cluster
     num_cpus: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _check(self.num_cpus is None or self.num_cpus >= 1, "ray.num_cpus", f"must be >= 1, got {self.num_cpus}")
 
 
 @dataclass
@@ -286,6 +353,10 @@ class Config:
     def __post_init__(self) -> None:
         if self.trainer.mode == "sync" and self.algorithm.max_staleness != 0:  # the one place sync means eta 0
             self.algorithm = dataclasses.replace(self.algorithm, max_staleness=0)
+        longest = self.agent.max_prompt_tokens + self.agent.max_response_tokens
+        _check(self.engine.type != "embedded" or longest <= self.engine.max_running_tokens, "engine.max_running_tokens",
+               f"{self.engine.max_running_tokens} is less than agent.max_prompt_tokens + agent.max_response_tokens = "
+               f"{longest}: the embedded engine could not hold the longest episode allowed")
         # SGLang reports the logprob after its min_new_tokens ban on stop tokens (renormalized), the
         # learner before it (asyncrl/engine/sampling.py): the importance ratios would be wrong
         min_new = self.agent.sampling.min_new_tokens
@@ -411,12 +482,18 @@ def _store_schema_defaults() -> None:
 
 
 def _explain_hydra_error(message: str, overrides: list[str]) -> str:
-    """Turn Hydra's 'key not in struct' errors into one naming the key and the valid choices."""
+    """Turn Hydra's errors into one line naming the override at fault and the valid choices: an
+    unknown option of a config group (`env=nonexistent`), or a key not in the schema (`algoritm.lr=1`)."""
+    bad_options = [m for m in map(_bad_group_option, overrides) if m]
+    if bad_options:
+        return "; ".join(bad_options)
     top = [f.name for f in dataclasses.fields(Config)]
     for ov in overrides:
         key = ov.lstrip("+~").split("=", 1)[0]
         head = key.split(".", 1)[0]
-        if key and f"'{key}'" in message or f"'{head}'" in message:
+        if not key or "." not in key and _group_options(head) is not None:
+            continue  # a group selection, not a key: only `_bad_group_option` speaks about those
+        if f"'{key}'" in message or f"'{head}'" in message:
             if head not in top:
                 close = difflib.get_close_matches(head, top, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -424,7 +501,24 @@ def _explain_hydra_error(message: str, overrides: list[str]) -> str:
             sub = _section_fields(head, key)
             if sub is not None:
                 return f"unknown key {key!r} in override {ov!r}; valid keys under {key.rsplit('.', 1)[0]!r}: {', '.join(sub)}"
-    return message.strip()
+    return " ".join(message.split("Config search path:")[0].split())
+
+
+def _group_options(group: str) -> Optional[list[str]]:
+    """The options of config group `group` (configs/<group>/*.yaml), or None when it is not a group."""
+    d = config_dir() / group
+    return sorted(p.stem for p in d.glob("*.yaml")) if group and d.is_dir() else None
+
+
+def _bad_group_option(override: str) -> Optional[str]:
+    """`env=nonexistent` -> a message listing the group's options; None for anything else."""
+    key, sep, value = override.lstrip("+~").partition("=")
+    options = _group_options(key) if sep and "." not in key and "/" not in key else None
+    if options is None or value in options:
+        return None
+    close = difflib.get_close_matches(value, options, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{key}={value}: no such option in config group {key!r}{hint}; available: {', '.join(options)}"
 
 
 def _section_fields(head: str, key: str) -> Optional[list[str]]:

@@ -4,7 +4,16 @@ The controller does no heavy work. Per step: the learner's rank 0 takes a batch 
 all ranks train on it (the step's `StepResult` carries the learner's new version, the trained uids
 and the metrics), the new weights go to the engines, and then the version is published to the
 buffer and the rollout workers (which admit new prompts by it). Between waits the supervisor checks
-that every rollout worker and engine is alive and restarts the ones that are not.
+that every rollout worker and engine is alive and restarts the ones that are not, the groups the buffer
+dropped unserved go back to their workers (their budget returned, their prompts issued again), and
+the watchdog (asyncrl/watchdog.py) judges progress: a run that trains nothing for
+`trainer.stall_timeout_s`, or whose recent episodes fail above `trainer.max_failed_episode_fraction`,
+stops with a checkpoint (if a step was trained since the last one) and a diagnosis.
+
+Every run ends with a summary (printed, and `summary.json` in the output dir) and an exit status that
+says how it ended: 0 completed, nothing skipped; 3 completed, but prompts were skipped; 4 stopped by the
+watchdog (the diagnosis is the last line on stderr); 128 + signum interrupted; 1 crashed (an exception);
+2 config error (before this module runs).
 """
 
 from __future__ import annotations
@@ -12,8 +21,10 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import ray
 
@@ -22,11 +33,23 @@ from asyncrl.config import Config, to_dict
 from asyncrl.fleet import Fleet, load_rows
 from asyncrl.learner.checkpoint import checkpoints_root, latest_checkpoint, prune_checkpoints
 from asyncrl.metrics import MetricsLogger
+from asyncrl.watchdog import Verdict, Watchdog
 
 log = logging.getLogger("asyncrl")
 
+EXIT_OK, EXIT_ERROR, EXIT_SKIPPED, EXIT_WATCHDOG = 0, 1, 3, 4
 
-def run(cfg: Config) -> int:
+
+class RunStopped(Exception):
+    """The watchdog stopped the run; `verdict` says why."""
+
+    def __init__(self, verdict: Verdict):
+        super().__init__(verdict.diagnosis)
+        self.verdict = verdict
+
+
+def run(cfg: Config, rows: list[dict] | None = None) -> int:
+    """Train; `rows`: the training rows as preflight checked them (None: load them here)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(cfg.trainer.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -35,7 +58,7 @@ def run(cfg: Config) -> int:
     from asyncrl.env_api import resolve_env
 
     env = resolve_env(cfg.env.name)
-    rows = load_rows(cfg, env, "train")
+    rows = load_rows(cfg, env, "train") if rows is None else rows
     log.info("output dir %s; %d training prompts; mode %s, max_staleness %d", out, len(rows),
              cfg.trainer.mode, cfg.algorithm.max_staleness)
     ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, include_dashboard=False,
@@ -44,21 +67,66 @@ def run(cfg: Config) -> int:
     metrics = MetricsLogger(out, wandb_mode=cfg.trainer.wandb, project=cfg.trainer.wandb_project,
                             config=to_dict(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps)
     fleet = Fleet(cfg, out, rows)
+    ending = {"exit_code": EXIT_ERROR, "exit_reason": "crashed", "diagnosis": ""}
     try:
         with env.services(cfg.env) as tool_overrides:
             resume_from = latest_checkpoint(checkpoints_root(out)) if cfg.trainer.resume == "auto" else None
             fleet.start(tool_overrides, resume_from=resume_from)
             train_loop(cfg, fleet, metrics, out)
-        return 0
+        ending.update(exit_code=EXIT_OK, exit_reason="completed")
+    except RunStopped as e:
+        ending.update(exit_code=EXIT_WATCHDOG, exit_reason=f"stopped by the watchdog ({e.verdict.kind})",
+                      diagnosis=e.verdict.diagnosis)
+        log.error("stopping: %s", e.verdict.diagnosis)
+        if fleet.step > fleet.last_checkpoint_step:
+            try:
+                fleet.checkpoint(checkpoints_root(out))
+            except Exception as ce:  # the stop goes on: its reason matters more than this checkpoint
+                log.error("the checkpoint before stopping failed: %r", ce)
     except KeyboardInterrupt:
         log.warning("interrupted: shutting down%s", " after a checkpoint" if cfg.trainer.checkpoint_every else "")
+        signum = stop_signal.get("signum", signal.SIGINT)
+        ending.update(exit_code=128 + signum, exit_reason=f"interrupted ({signal.Signals(signum).name})")
         if cfg.trainer.checkpoint_every and fleet.step > fleet.last_checkpoint_step:
             fleet.checkpoint(checkpoints_root(out))
-        return 128 + stop_signal.get("signum", signal.SIGINT)
+    except BaseException as e:
+        ending.update(exit_reason=f"crashed: {e!r}"[:500])
+        raise
     finally:
+        try:
+            counts = fleet.summary()
+        except Exception as e:  # the summary must not keep the run's parts from being stopped
+            log.error("could not collect the run's summary: %r", e)
+            counts = {}
+        summary = settle(ending, counts)
         fleet.shutdown()
         metrics.close()
         ray.shutdown()
+        _report(out, summary)
+    return summary["exit_code"]
+
+
+def settle(ending: dict[str, Any], counts: dict[str, Any]) -> dict[str, Any]:
+    """The run's summary: how it ended and what it did. A run that completed but skipped prompts exits 3."""
+    summary = {**ending, **counts}
+    if summary["exit_code"] == EXIT_OK and summary.get("prompts_skipped"):
+        summary.update(exit_code=EXIT_SKIPPED, exit_reason=f"completed, {summary['prompts_skipped']} prompts skipped")
+    return summary
+
+
+def _report(out: Path, summary: dict[str, Any]) -> None:
+    """The run's summary as summary.json and one line on stdout; a watchdog's diagnosis last on stderr."""
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    n = {k: "?" if summary.get(k) is None else summary[k] for k in ("steps_trained", "episodes", "episodes_failed", "prompts_skipped",
+                                         "groups_dropped_stale", "groups_dropped_failed", "worker_restarts",
+                                         "engine_restarts")}
+    print(f"asyncrl train: {summary['exit_reason']} (exit {summary['exit_code']}): {n['steps_trained']} steps "
+          f"trained; {n['episodes']} episodes stored, {n['episodes_failed']} failed; {n['prompts_skipped']} prompts "
+          f"skipped; groups dropped unserved: {n['groups_dropped_stale']} stale, {n['groups_dropped_failed']} all "
+          f"failed; {n['worker_restarts']} worker and {n['engine_restarts']} engine restarts; summary in "
+          f"{out / 'summary.json'}", flush=True)
+    if summary["diagnosis"]:
+        print(f"asyncrl train: stopped: {summary['diagnosis']}", file=sys.stderr, flush=True)
 
 
 def _stop_on_signals() -> dict:
@@ -81,10 +149,19 @@ def _stop_on_signals() -> dict:
 
 def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path) -> None:
     ckpt_dir = checkpoints_root(out)
+    t = cfg.trainer
+    watchdog = Watchdog(stall_timeout_s=t.stall_timeout_s, max_failed_fraction=t.max_failed_episode_fraction,
+                        window=t.failed_episode_window, now=time.monotonic())
+
+    def watch() -> None:
+        verdict = watchdog.observe(time.monotonic(), fleet.step, fleet.worker_states())
+        if verdict.stop:
+            raise RunStopped(verdict)
+
     with open(out / "trained_uids.jsonl", "a") as uids_file:
         while fleet.step < cfg.trainer.total_steps:
             t0 = time.perf_counter()
-            batch, waited = fleet.next_batch()  # restarts dead workers/engines while it waits
+            batch, waited = fleet.next_batch(watch)  # restarts dead workers/engines, returns budget, watches
             result = fleet.train(batch)
             uids_file.write(json.dumps({"step": fleet.step, "uids": result.trained_uids}) + "\n")
             uids_file.flush()
@@ -94,6 +171,7 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path) -> 
                                                      "step_seconds": time.perf_counter() - t0,
                                                      "version": fleet.version})
             metrics.log(fleet.step, stats)
+            watch()  # failing episodes stop a run that still forms batches too
             if cfg.trainer.eval_every and fleet.step % cfg.trainer.eval_every == 0:
                 fleet.start_eval()
             for step, ev in fleet.finished_evals():

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from asyncrl import registry
+from asyncrl.data import read_rows
 
 
 @dataclass
@@ -112,3 +113,11 @@ def resolve_reward_fn(env_cfg: Any) -> Any:
     if r.name:
         return registry.get("reward", r.name)
     return resolve_env(env_cfg.name).reward
+
+
+def load_rows(cfg: Any, env: Env, split: str) -> list[dict[str, Any]]:
+    """Rows of `split` ("train" or "val"): the configured parquet/jsonl file if one is named, else the env's."""
+    path = cfg.env.train_file if split == "train" else cfg.env.val_file
+    if path:
+        return read_rows(path, skip_bad=cfg.env.skip_bad_rows)
+    return env.build(cfg.env, split)

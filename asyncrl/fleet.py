@@ -9,35 +9,34 @@ evaluator) and runs one step's operations on them. It leaves the rest to their o
 The policy version is the learner's. The fleet learns it from each `StepResult` (or from the learner
 on resume) and `publish_version` is the one path by which it reaches the readers: the buffer (which
 drops what became stale) and the rollout workers (which admit new prompts by it).
+
+Groups the buffer closes unserved (all members failed or stale) go back to the worker that started
+them (`route_dropped`: the owner of position p is worker p % R), which gives their admission budget
+back and issues the prompt again. A report whose worker does not answer is kept and delivered again
+(to its replacement) on the next round; the worker ignores one it has applied, and the state it
+answers with is recorded at once as its position, so a crash right after cannot lose the returned budget.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
 import ray
 
 from asyncrl.config import Config
+from asyncrl.env_api import load_rows
 from asyncrl.job_state import JobState, RolloutPosition, RolloutState, StepResult
 from asyncrl.learner.checkpoint import step_dir
 from asyncrl.learner_group import LearnerGroup
+from asyncrl.rollout.prompts import parse_group_id
 from asyncrl.supervisor import Supervisor
 
 log = logging.getLogger("asyncrl")
 STOP_TIMEOUT_S = 30.0
-
-
-def load_rows(cfg: Config, env: Any, split: str) -> list[dict[str, Any]]:
-    """Rows from the configured parquet/jsonl file if one is named, else built by the env."""
-    path = cfg.env.train_file if split == "train" else cfg.env.val_file
-    if path:
-        from asyncrl.data import read_rows
-
-        return read_rows(path, skip_bad=cfg.env.skip_bad_rows)
-    return env.build(cfg.env, split)
 
 
 class Fleet:
@@ -52,6 +51,7 @@ class Fleet:
         self.evaluator = None
         self._evals: list[tuple[int, Any]] = []
         self._last_poll = (time.perf_counter(), 0)
+        self._undelivered: list[str] = []  # dropped group ids whose worker did not answer yet
 
     # ------------------------------------------------------------------ start / stop
 
@@ -123,14 +123,73 @@ class Fleet:
 
     # ------------------------------------------------------------------ the step
 
-    def next_batch(self) -> tuple[Any, float]:
-        """Wait for the next batch from the buffer, keeping workers and engines alive meanwhile."""
+    def next_batch(self, watch: Optional[Callable[[], None]] = None) -> tuple[Any, float]:
+        """Wait for the next batch from the buffer, keeping workers and engines alive and returning the
+        budget of dropped groups meanwhile; `watch` (the controller's watchdog) is called after each
+        empty wait and may raise to stop the run."""
         t0 = time.perf_counter()
         while True:
             got = self.learners.fetch_batch(5.0)
             if got is not None:
                 return got, time.perf_counter() - t0
             self.supervisor.check(self.version)
+            self.route_dropped()
+            if watch is not None:
+                watch()
+
+    def route_dropped(self) -> None:
+        """Deliver the groups the buffer closed unserved to the workers that own them (see the module doc)."""
+        taken = _quietly(lambda: ray.get(self.buffer.take_dropped.remote(), timeout=STOP_TIMEOUT_S)) or []
+        self._undelivered += [gid for gid, _ in taken]
+        by_worker: dict[int, list[str]] = {}
+        for gid in self._undelivered:
+            try:
+                position, _ = parse_group_id(gid)
+            except ValueError as e:
+                log.warning("buffer reported a dropped group that no rollout worker owns: %s", e)
+                continue
+            by_worker.setdefault(position % self.cfg.trainer.rollout_workers, []).append(gid)
+        keep: list[str] = []
+        for r, gids in sorted(by_worker.items()):
+            try:
+                st = ray.get(self.supervisor.workers[r].groups_dropped.remote(gids),
+                             timeout=Supervisor.HEALTH_TIMEOUT_S)
+            except Exception as e:  # gone or hung: the supervisor replaces it; its replacement gets them
+                log.warning("rollout worker %d did not take %d dropped groups (%r): delivered again later",
+                            r, len(gids), e)
+                keep += gids
+            else:
+                self.supervisor.record(r, st)
+        self._undelivered = keep
+
+    def summary(self) -> dict[str, int | None]:
+        """What this run did, for its final summary. Episodes and groups are the buffer's counts (it outlives
+        worker restarts, whose counters start again), skipped prompts the workers' positions (which a
+        restart and a resume keep)."""
+        if self.supervisor is not None:  # the freshest positions, without restarting anyone
+            for r, w in enumerate(self.supervisor.workers):
+                st = _quietly(lambda: ray.get(w.state.remote(), timeout=10.0))
+                if st is not None:
+                    self.supervisor.record(r, st)
+        states, stats = self.worker_states(), self.buffer_stats()
+        faults = self.supervisor.faults if self.supervisor is not None else {}
+
+        def buffer_count(key: str) -> int | None:  # None: the buffer did not answer (unknown, not zero)
+            return int(stats[key]) if key in stats else None
+
+        return {"steps_trained": self.step, "total_steps": self.cfg.trainer.total_steps,
+                "episodes": buffer_count("received"), "episodes_failed": buffer_count("failed_reported"),
+                "prompts_skipped": sum(s.position.prompts_skipped for s in states),
+                "prompts_reissued": sum(s.prompts_reissued for s in states),
+                "groups_dropped_stale": buffer_count("groups_dropped_stale"),
+                "groups_dropped_failed": buffer_count("groups_dropped_failed"),
+                "trajectories_dropped_stale": buffer_count("dropped_stale"),
+                "worker_restarts": int(faults.get("faults/worker_restarts", 0)),
+                "engine_restarts": int(faults.get("faults/engine_restarts", 0))}
+
+    def worker_states(self) -> list[RolloutState]:
+        """The rollout workers' last reports (what the watchdog and the summary read)."""
+        return [s for s in self.supervisor.states if s is not None] if self.supervisor is not None else []
 
     def train(self, batch: Any) -> StepResult:
         result = self.learners.train_step(batch)
@@ -155,13 +214,19 @@ class Fleet:
 
     def rollout_metrics(self) -> dict[str, float]:
         self.supervisor.check(self.version)
+        self.route_dropped()
         now = time.perf_counter()
         out = roll_up([s for s in self.supervisor.states if s is not None], self._last_poll, now)
         self._last_poll = (now, sum(s.engine_tokens_out for s in self.supervisor.states if s is not None))
         out.update(self.supervisor.faults)
-        stats = _quietly(lambda: ray.get(self.buffer.stats.remote(), timeout=STOP_TIMEOUT_S)) or {}
+        stats = self.buffer_stats()
         out.update({f"buffer/{k}": v for k, v in stats.items() if isinstance(v, (int, float))})
         return out
+
+    def buffer_stats(self) -> dict:
+        if self.buffer is None:
+            return {}
+        return _quietly(lambda: ray.get(self.buffer.stats.remote(), timeout=STOP_TIMEOUT_S)) or {}
 
     # ------------------------------------------------------------------ evaluation (runs beside training)
 
@@ -207,6 +272,9 @@ def roll_up(states: list[RolloutState], last_poll: tuple[float, int], now: float
         "rollout/episode_errors": sum(s.episode_errors for s in states),
         "rollout/episodes_failed": sum(s.episodes_failed for s in states),
         "rollout/reward_nonfinite": sum(s.reward_nonfinite for s in states),
+        "rollout/groups_dropped": sum(s.groups_dropped for s in states),
+        "rollout/prompts_reissued": sum(s.prompts_reissued for s in states),
+        "rollout/prompts_skipped": sum(s.position.prompts_skipped for s in states),
         "rollout/reward_mean_all": sum(s.reward_sum for s in states) / max(episodes, 1),
         "rollout/engine_tokens_per_s": (tokens - tok_prev) / max(now - t_prev, 1e-6),
     }

@@ -5,7 +5,8 @@ the field, instead of travelling on as an untyped dict:
 
 - `RolloutPosition`: where one rollout worker is in its prompt shard; what a restarted worker (after
   a crash, or on resume) starts from.
-- `RolloutState`: what a rollout worker reports at each health check: its position and its counters.
+- `RolloutState`: what a rollout worker reports at each health check: its position, its counters, the
+  outcomes of its last episodes and a bounded count of its episodes' errors (what the watchdog quotes).
 - `JobState`: the controller's part of a checkpoint (the learner adds its own: weights, optimizer and
   the policy version, which it owns). Written by `LearnerGroup.save_checkpoint`, read back on resume.
 - `StepResult`: what one training step returns (rank 0): the learner's new policy version (the only
@@ -17,10 +18,23 @@ from __future__ import annotations
 import msgspec
 
 
-class RolloutPosition(msgspec.Struct, frozen=True, kw_only=True):
+class RolloutPosition(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     next_position: int | None = None  # the next prompt position to draw; None: the shard's first
     started_groups: int = 0  # groups started so far (the admission gate's count)
     inflight_positions: list[int] = []  # started, not all acked by the buffer: re-issued on restart
+    # groups the buffer closed unserved (all members failed or stale), as handled by the worker:
+    returned_groups: int = 0  # starts given back to the gate (admission counts started - returned)
+    retries: dict[int, int] = {}  # position -> drop reports handled for it = retry number of its next group
+    waiting_positions: list[int] = []  # returned, to be issued again (through the gate) before new draws
+    prompts_skipped: int = 0  # prompts given up after trainer.max_prompt_retries re-issues
+
+
+class EpisodeError(msgspec.Struct, frozen=True, kw_only=True):
+    """One distinct error text among a worker's failed episodes: how often, and the first row it came from."""
+
+    message: str
+    count: int
+    data_index: int
 
 
 class RolloutState(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,9 +46,14 @@ class RolloutState(msgspec.Struct, frozen=True, kw_only=True):
     reward_nonfinite: int = 0  # episodes failed because the reward function gave NaN or inf
     groups_started: int = 0
     groups_done: int = 0
+    groups_dropped: int = 0  # drop reports applied (groups the buffer closed unserved)
+    prompts_reissued: int = 0
     reward_sum: float = 0.0
     engine_in_flight: int = 0
     engine_tokens_out: int = 0
+    recent_episodes: int = 0  # outcomes in the worker's window of its last episodes (trainer.failed_episode_window)
+    recent_failed: int = 0  # ... of which failed
+    errors: list[EpisodeError] = []  # failed episodes' last error, by message, most frequent first (bounded)
 
 
 class JobState(msgspec.Struct, frozen=True, kw_only=True):

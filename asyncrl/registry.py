@@ -7,16 +7,20 @@ Three ways in, all ending in `register`:
      built-ins (`asyncrl.agents`, `asyncrl.tools`, `asyncrl.envs`) come in this way too;
   3. `plugins: [a.module.path, ./file.py]` in the config.
 The core never imports a plugin by name. A duplicate or unknown name is an error listing what is
-registered.
+registered. `alias(kind, other, name)` makes `other` resolve to `name` (verl's agent names). A plugin
+that fails to import (syntax error, missing module, exception) is a one-line `PluginError` naming the
+plugin, the file and the line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import importlib.metadata
 import importlib.util
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +43,7 @@ class Plugin:
 
 
 _registry: dict[str, dict[str, Plugin]] = {k: {} for k in KINDS}
+_aliases: dict[str, dict[str, str]] = {k: {} for k in KINDS}  # kind -> {alias: registered name}
 _origin_stack: list[str] = []
 _entry_points_loaded = False
 _loaded_sources: set[str] = set()
@@ -81,6 +86,47 @@ def add(kind: str, name: str, obj: Any) -> None:
     _registry[kind][name] = Plugin(kind, name, obj, origin)
 
 
+def alias(kind: str, other: str, name: str) -> None:
+    """Make `other` another name of plugin `name` of `kind` (e.g. verl's `single_turn_agent`)."""
+    if kind not in KINDS:
+        raise PluginError(f"unknown plugin kind {kind!r}; kinds: {', '.join(KINDS)}")
+    if other in _registry[kind] or _aliases[kind].get(other, name) != name:
+        raise PluginError(f"{kind} alias {other!r} -> {name!r} clashes with an existing {kind} of that name")
+    _aliases[kind][other] = name
+
+
+def import_failure(label: str, e: BaseException) -> PluginError:
+    """One line for a plugin that failed to import: where (file, line) and why."""
+    if isinstance(e, SyntaxError):
+        where = "" if e.filename == label else f" in {e.filename}"
+        return PluginError(f"plugin {label}: syntax error{where} at line {e.lineno}: {e.msg}")
+    if isinstance(e, ImportError):
+        return PluginError(f"plugin {label}: cannot import {e.name or 'a module'!r} ({e})")
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename != __file__]  # the plugin's line
+    at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return PluginError(f"plugin {label}: {type(e).__name__} while importing{at}: {e}")
+
+
+def _exec_file(mod_name: str, path: Path, origin: str) -> Any:
+    """Import the file `path` as module `mod_name`; a failure leaves no half-imported module behind, and
+    nothing it registered before failing."""
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    before = {kind: set(table) for kind, table in _registry.items()}
+    with _origin(origin):
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:
+            del sys.modules[mod_name]
+            for kind, table in _registry.items():
+                for name in set(table) - before[kind]:
+                    del table[name]
+            raise import_failure(str(path), e) from e
+    return module
+
+
 def load_entry_points() -> None:
     """Import every module named in the `asyncrl.plugins` entry-point group (once per process)."""
     global _entry_points_loaded
@@ -93,7 +139,7 @@ def load_entry_points() -> None:
             try:
                 ep.load()
             except Exception as e:  # a broken third-party plugin names itself, never hides
-                raise PluginError(f"plugin entry point {ep.name} = {ep.value!r} of {dist} failed: {e}") from e
+                raise import_failure(f"entry point {ep.name} = {ep.value!r} of {dist}", e) from e
 
 
 def load_source(source: str, base_dir: str | Path | None = None) -> None:
@@ -106,19 +152,17 @@ def load_source(source: str, base_dir: str | Path | None = None) -> None:
             path = Path(base_dir) / path
         if not path.is_file():
             raise PluginError(f"plugin file {source!r} not found (looked at {path.resolve()})")
-        mod_name = f"asyncrl_user_plugin_{abs(hash(str(path.resolve())))}"
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
-        with _origin(f"config {path}"):
-            spec.loader.exec_module(module)
+        _exec_file(f"asyncrl_user_plugin_{abs(hash(str(path.resolve())))}", path.resolve(), f"config {path}")
     else:
         with _origin(f"config {source}"):
             try:
                 importlib.import_module(source)
             except ModuleNotFoundError as e:
-                raise PluginError(f"plugin module {source!r} cannot be imported: {e}") from e
+                if e.name == source or source.startswith(f"{e.name}."):
+                    raise PluginError(f"plugin module {source!r} not found (no module named {e.name!r})") from e
+                raise import_failure(source, e) from e
+            except Exception as e:
+                raise import_failure(source, e) from e
     _loaded_sources.add(source)
 
 
@@ -139,19 +183,14 @@ def resolve_object(spec: str) -> Any:
         if not path.is_file():
             raise PluginError(f"file {target!r} in {spec!r} not found")
         mod_name = f"asyncrl_user_plugin_{abs(hash(str(path)))}"
-        module = sys.modules.get(mod_name)
-        if module is None:
-            s = importlib.util.spec_from_file_location(mod_name, path)
-            assert s is not None and s.loader is not None
-            module = importlib.util.module_from_spec(s)
-            sys.modules[mod_name] = module
-            with _origin(f"file {path}"):
-                s.loader.exec_module(module)
+        module = sys.modules.get(mod_name) or _exec_file(mod_name, path, f"file {path}")
     else:
         try:
             module = importlib.import_module(target)
         except ModuleNotFoundError as e:
             raise PluginError(f"cannot import {target!r} for {spec!r}: {e}") from e
+        except Exception as e:
+            raise import_failure(f"{target} (for {spec!r})", e) from e
     try:
         return getattr(module, attr)
     except AttributeError:
@@ -163,10 +202,14 @@ def get(kind: str, name: str) -> Any:
     if kind not in KINDS:
         raise PluginError(f"unknown plugin kind {kind!r}; kinds: {', '.join(KINDS)}")
     load_entry_points()
-    plugin = _registry[kind].get(name)
+    plugin = _registry[kind].get(_aliases[kind].get(name, name))
     if plugin is None:
         known = ", ".join(sorted(_registry[kind])) or "(none)"
-        raise PluginError(f"unknown {kind} {name!r}; registered {kind}s: {known}")
+        aliases = f" (aliases: {', '.join(f'{a} -> {n}' for a, n in sorted(_aliases[kind].items()))})" \
+            if _aliases[kind] else ""
+        close = difflib.get_close_matches(name, [*_registry[kind], *_aliases[kind]], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise PluginError(f"unknown {kind} {name!r}{hint}; registered {kind}s: {known}{aliases}")
     return plugin.obj
 
 

@@ -132,6 +132,10 @@ class Supervisor:
             self.workers[r] = self.spawn_worker(r, self.positions[r], version)
             self.worker_status[r] = WorkerStatus.RUNNING
 
+    def record(self, r: int, st: RolloutState) -> None:
+        """A report worker r gave outside a check (the answer to a call that changed its position)."""
+        self.states[r], self.positions[r] = st, st.position
+
     # ------------------------------------------------------------------ engines
 
     def check_engines(self) -> None:

@@ -63,5 +63,6 @@ def plugin_registry(monkeypatch):
     registry's tables, which monkeypatch puts back afterwards."""
     registry.load_entry_points()
     monkeypatch.setattr(registry, "_registry", {kind: dict(p) for kind, p in registry._registry.items()})
+    monkeypatch.setattr(registry, "_aliases", {kind: dict(a) for kind, a in registry._aliases.items()})
     monkeypatch.setattr(registry, "_loaded_sources", set(registry._loaded_sources))
     return registry

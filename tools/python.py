@@ -1,105 +1,39 @@
-"""tool `python`: run a code snippet in a sandboxed subprocess.
+"""tool `python`: run a Python program in the sandbox of `asyncrl.sandbox` and return what it prints.
 
-Each trajectory (instance_id) gets its own temporary working directory (created by `create`,
-removed by `release`); files written there persist between the calls of one episode. A call runs
-`python -I -B` in that directory with:
-  - resource limits set in the child before exec: RLIMIT_CPU (`cpu_seconds`), RLIMIT_AS
-    (`memory_mb`), RLIMIT_FSIZE (`max_file_mb`), RLIMIT_NOFILE (64), no core dumps;
-  - a wall-clock limit (`timeout_s`): the whole process group is killed;
-  - no network: the child runs in a fresh network namespace (`unshare -n`) when that works here,
-    and in any case an audit hook refuses socket creation/connection;
-  - file writes only inside the working directory: the audit hook refuses opening a path for
-    writing, and remove/rename/mkdir/chmod, outside it (TMPDIR points inside it);
-  - output capped at `max_output_bytes` per stream (the child is killed past it).
+Each trajectory (instance_id) gets its own episode directory (created by `create`, removed by
+`release`); the files the program leaves in its working directory persist between the calls of one
+episode. A call runs `python -I -B main.py` isolated (own user, mount, PID, network, IPC and UTS
+namespaces; read-only view of the system; a capped scratch tmpfs as the only writable place;
+uid 65534, no_new_privs, rlimits; every process of the call killed when it ends): see
+`asyncrl/sandbox/__init__.py` for the boundary. Limits: `cpu_seconds` (RLIMIT_CPU), `memory_mb`
+(RLIMIT_AS), `max_file_mb` (RLIMIT_FSIZE), `max_processes` (RLIMIT_NPROC), `scratch_mb` and
+`scratch_inodes` (the tmpfs), `timeout_s` (wall clock), `max_output_bytes` (per stream; the run is
+killed past it); `hide` lists more host paths to cover with an empty read-only tmpfs (e.g. a run's
+output directory that lies outside /tmp, /home, /root), and `hide_cwd` (default true) covers the
+process's working directory at construction (where `outputs/` lies) unless it is / or a system tree.
+`network_namespace` is kept for old configs: only true is accepted.
+
+If isolation cannot be set up here, constructing the tool fails with what is missing, unless
+`allow_unisolated: true` (off by default), which runs the program as a plain child process with the
+same limits but RLIMIT_NPROC, and logs a warning: then nothing but rlimits stands between the program
+and the host.
 The reply is stdout, then stderr and the exit status if the run failed or was killed.
-Audit hooks stop honest mistakes and casual escapes of model-written code, not a determined
-attacker with ctypes; run untrusted workloads in a container as well.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import logging
 import os
-import resource
 import shutil
 import signal
-import subprocess
-import sys
-import tempfile
 from typing import Any
 
 from asyncrl.registry import register
-from asyncrl.tooling.base import Tool
+from asyncrl.sandbox import runner
+from asyncrl.tooling.base import Tool, ToolError
 
-# Runs inside the child: installs the audit hook, then executes the snippet from main.py.
-_BOOTSTRAP = r'''
-import os, sys
-_root = os.path.realpath(os.getcwd())
-_src = open("main.py").read()
-_W = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-_real = os.path.realpath
-def _inside(p):
-    if isinstance(p, int):
-        return True
-    try:
-        p = os.fsdecode(p)
-    except Exception:
-        return False
-    r = _real(os.path.join(_root, p))
-    return r == _root or r.startswith(_root + os.sep)
-_MUT = {"os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod", "os.chown", "os.link",
-        "os.symlink", "os.truncate", "os.utime", "shutil.rmtree", "shutil.move", "os.unlink"}
-def _hook(event, args):
-    if event.startswith("socket.") and event not in ("socket.gethostname",):
-        raise PermissionError("network access is disabled in this sandbox")
-    if event == "open":
-        path, mode, flags = args
-        writing = (mode is not None and any(c in str(mode) for c in "wax+")) or (mode is None and flags & _W)
-        if writing and not _inside(path):
-            raise PermissionError(f"writing outside the working directory is not allowed: {path}")
-    elif event in _MUT:
-        for p in args[:2]:
-            if isinstance(p, (str, bytes, os.PathLike)) and not _inside(p):
-                raise PermissionError(f"{event} outside the working directory is not allowed: {p}")
-    elif event in ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty"):
-        raise PermissionError(f"{event} is not allowed in this sandbox")
-sys.addaudithook(_hook)
-del _hook
-_g = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
-exec(compile(_src, "main.py", "exec"), _g)
-'''
-
-
-@functools.lru_cache(maxsize=1)
-def netns_available() -> bool:
-    """Whether `unshare -n` can create a network namespace here (root or user namespaces)."""
-    exe = shutil.which("unshare")
-    if exe is None:
-        return False
-    for args in ([exe, "-n", "true"], [exe, "-rn", "true"]):
-        try:
-            if subprocess.run(args, capture_output=True, timeout=10).returncode == 0:
-                return True
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-    return False
-
-
-@functools.lru_cache(maxsize=1)
-def _unshare_args() -> list[str]:
-    exe = shutil.which("unshare") or "unshare"
-    ok = subprocess.run([exe, "-n", "true"], capture_output=True, timeout=10).returncode == 0
-    return [exe, "-n"] if ok else [exe, "-rn"]
-
-
-def _limits(cpu_s: int, mem_bytes: int, fsize_bytes: int) -> None:  # runs in the child, before exec
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_bytes, fsize_bytes))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
+log = logging.getLogger(__name__)
 
 _SIGNALS = {signal.SIGXCPU: "CPU time limit exceeded", signal.SIGKILL: "killed", signal.SIGXFSZ: "file size limit exceeded",
             signal.SIGSEGV: "segmentation fault (possibly out of memory)"}
@@ -115,81 +49,69 @@ class PythonTool(Tool):
         "required": ["code"],
     }
     defaults = {"timeout_s": 10.0, "cpu_seconds": 5, "memory_mb": 512, "max_file_mb": 16,
-                "max_output_bytes": 8192, "network_namespace": True}
+                "max_output_bytes": 8192, "network_namespace": True, "allow_unisolated": False,
+                "scratch_mb": 64, "scratch_inodes": 4096, "max_processes": 16, "hide": [], "hide_cwd": True}
 
     def __init__(self, config: dict | None = None, tool_schema: dict | None = None):
         super().__init__(config, tool_schema)
         unknown = set(self.config) - set(self.defaults)
         if unknown:
             raise ValueError(f"python tool config: unknown keys {sorted(unknown)}; valid: {sorted(self.defaults)}")
-        self.opts = {**self.defaults, **self.config}
+        self.opts = o = {**self.defaults, **self.config}
+        if o["network_namespace"] is not True:
+            raise ValueError(f"python tool config: network_namespace={o['network_namespace']!r}: the sandbox always "
+                             "runs in its own empty network namespace; there is no way to turn that off")
+        self.limits = runner.Limits(timeout_s=float(o["timeout_s"]), cpu_s=int(o["cpu_seconds"]),
+                                    memory_mb=int(o["memory_mb"]), max_file_mb=int(o["max_file_mb"]),
+                                    max_processes=int(o["max_processes"]), max_output_bytes=int(o["max_output_bytes"]),
+                                    scratch_mb=int(o["scratch_mb"]), scratch_inodes=int(o["scratch_inodes"]),
+                                    hide=list(o["hide"]) + _cwd_to_hide(o["hide_cwd"]))
+        missing = runner.probe()
+        self.isolated = missing is None
+        if missing is not None:
+            if not o["allow_unisolated"]:
+                raise runner.SandboxUnavailable(
+                    f"python tool: isolation cannot be set up here: {missing}. Fix that, or set "
+                    "allow_unisolated: true in the tool's config to run model-written code unisolated")
+            log.warning("python tool: isolation cannot be set up here (%s); running model-written code UNISOLATED "
+                        "because allow_unisolated is true", missing)
         self._dirs: dict[str, str] = {}
+        self._locks: dict[str, asyncio.Lock] = {}  # calls of one episode share its files: one at a time
 
     async def create(self, instance_id: str, **create_kwargs: Any) -> str:
         if instance_id not in self._dirs:
-            self._dirs[instance_id] = tempfile.mkdtemp(prefix="asyncrl-py-")
+            self._dirs[instance_id] = runner.new_episode_dir()
+            self._locks[instance_id] = asyncio.Lock()
         return instance_id
 
     async def release(self, instance_id: str) -> None:
         d = self._dirs.pop(instance_id, None)
+        self._locks.pop(instance_id, None)
         if d:
             shutil.rmtree(d, ignore_errors=True)
 
     def workdir(self, instance_id: str) -> str:
-        return self._dirs[instance_id]
+        """The host directory holding the episode's files between calls."""
+        return self._dirs[instance_id] + "/files"
 
     async def execute(self, instance_id: str, params: dict[str, Any]) -> tuple[str, float, dict[str, Any]]:
         if instance_id not in self._dirs:
             await self.create(instance_id)
-        wd, o = self._dirs[instance_id], self.opts
-        with open(os.path.join(wd, "main.py"), "w") as f:
-            f.write(params["code"])
-        cmd = [sys.executable, "-I", "-B", "-c", _BOOTSTRAP]
-        if o["network_namespace"] and netns_available():
-            cmd = _unshare_args() + cmd
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TMPDIR": wd, "HOME": wd, "LANG": "C.UTF-8",
-               "PYTHONIOENCODING": "utf-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-        preexec = functools.partial(_limits, int(o["cpu_seconds"]), int(o["memory_mb"]) << 20, int(o["max_file_mb"]) << 20)
-        proc = await asyncio.create_subprocess_exec(
-            *cmd, cwd=wd, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, preexec_fn=preexec, start_new_session=True)
-        cap = int(o["max_output_bytes"])
-        overflow = asyncio.Event()
-
-        async def read(stream: asyncio.StreamReader) -> bytes:
-            buf = bytearray()
-            while chunk := await stream.read(4096):
-                if len(buf) < cap:
-                    buf += chunk[: cap - len(buf)]
-                else:
-                    overflow.set()
-            return bytes(buf)
-
-        timed_out = False
-        readers = asyncio.gather(read(proc.stdout), read(proc.stderr))
-        waiter = asyncio.ensure_future(overflow.wait())
         try:
-            done, _ = await asyncio.wait({readers, waiter}, timeout=float(o["timeout_s"]),
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if readers not in done:
-                timed_out = not overflow.is_set()
-                _kill_group(proc.pid)
-            out, err = await readers
-            rc = await proc.wait()
-        except asyncio.CancelledError:  # the caller's timeout: never leave the child running
-            _kill_group(proc.pid)
-            raise
-        finally:
-            waiter.cancel()
-        metrics = {"exit_code": float(rc), "timed_out": float(timed_out), "output_capped": float(overflow.is_set())}
-        return _format(out, err, rc, timed_out, overflow.is_set(), o), 0.0, metrics
+            async with self._locks[instance_id]:
+                r = await runner.run(self._dirs[instance_id], params["code"], self.limits, isolate=self.isolated)
+        except runner.SandboxError as e:
+            raise ToolError(f"the sandbox failed: {e}") from e
+        timed_out, capped = r.killed == "timeout", r.killed == "output"
+        metrics = {"exit_code": float(r.returncode), "timed_out": float(timed_out), "output_capped": float(capped),
+                   "isolated": float(self.isolated)}
+        return _format(r.stdout, r.stderr, r.returncode, timed_out, capped, self.opts), 0.0, metrics
 
 
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def _cwd_to_hide(hide_cwd: bool) -> list[str]:
+    """The rollout worker's cwd (where a run's outputs/ usually lie), unless hiding it would hide the system."""
+    cwd = os.getcwd()
+    return [cwd] if hide_cwd and runner.can_hide(cwd) else []
 
 
 def _format(out: bytes, err: bytes, rc: int, timed_out: bool, capped: bool, o: dict[str, Any]) -> str:
@@ -204,9 +126,7 @@ def _format(out: bytes, err: bytes, rc: int, timed_out: bool, capped: bool, o: d
         problems.append(f"killed by {sig.name}: {_SIGNALS.get(sig, 'signal')}")
     elif rc != 0:
         problems.append(f"exit code {rc}")
-    # drop the sandbox bootstrap's own frames (File "<string>") from tracebacks: the model did not write them
-    e = "\n".join(ln for ln in err.decode("utf-8", "replace").splitlines()
-                  if not ln.startswith('  File "<string>"')).strip()
+    e = err.decode("utf-8", "replace").strip()
     if problems or rc != 0:
         parts = [text.rstrip()] if text.strip() else []
         if e:

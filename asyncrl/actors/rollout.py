@@ -35,10 +35,14 @@ class RolloutActor:
             tokenizer=load_tokenizer(cfg.model), buffer_address=address, output_dir=output_dir,
             tool_overrides=overrides, position=self.position, version=self.version,
         )
-        self.task = asyncio.create_task(self.worker.run(reissue=self.position.inflight_positions))
+        self.task = asyncio.create_task(self.worker.run())  # re-issues the position's in-flight groups first
 
     async def set_version(self, version: int) -> None:
         await self.worker.set_version(version)
+
+    async def groups_dropped(self, group_ids: list[str]) -> RolloutState:
+        """Groups the buffer closed unserved (routed here by the controller); the state after applying them."""
+        return await self.worker.groups_dropped(group_ids)
 
     async def state(self) -> RolloutState:
         if self.task is not None and self.task.done() and self.task.exception() is not None:

@@ -64,15 +64,22 @@ class AgentContext:
 
     def make_interaction(self, name: str) -> Any:
         """A fresh interaction object for one episode: configured by the matching spec, else registered."""
-        for spec in self.interactions:
-            s = spec if isinstance(spec, dict) else {"name": spec.name, "class_name": spec.class_name,
-                                                      "config": spec.config}
-            if s.get("name") == name:
-                cls_name = s.get("class_name") or name
-                cls = (registry.resolve_object(cls_name) if ("." in cls_name or ":" in cls_name)
-                       else registry.get("interaction", cls_name))
-                return cls(dict(s.get("config") or {}))
-        return registry.get("interaction", name)({})
+        cls, config = interaction_class(name, self.interactions)
+        return cls(config)
+
+
+def interaction_class(name: str, specs: list) -> tuple[Any, dict[str, Any]]:
+    """The class of interaction `name` and its config: the spec of that name in `specs` (InteractionSpec
+    or dict: class_name is registered or `module:Class`), else the interaction registered as `name`."""
+    for spec in specs:
+        s = spec if isinstance(spec, dict) else {"name": spec.name, "class_name": spec.class_name,
+                                                  "config": spec.config}
+        if s.get("name") == name:
+            cls_name = s.get("class_name") or name
+            cls = (registry.resolve_object(cls_name) if ("." in cls_name or ":" in cls_name)
+                   else registry.get("interaction", cls_name))
+            return cls, dict(s.get("config") or {})
+    return registry.get("interaction", name), {}
 
 
 class AgentLoop:
@@ -82,6 +89,10 @@ class AgentLoop:
 
     async def run(self, sample: Sample, ctx: AgentContext) -> Trajectory:
         raise NotImplementedError
+
+    def chat_format(self, tokenizer: Any, cfg: AgentConfig, tool_schemas: list[dict[str, Any]]) -> ChatFormat:
+        """How this loop renders its prompt (the default: no tools); preflight measures rows with it."""
+        return ChatFormat(tokenizer, system_prompt=cfg.system_prompt)
 
 
 def sampling_params(ctx: AgentContext, max_new_tokens: int, stop_token_ids: list[int]) -> SamplingParams:

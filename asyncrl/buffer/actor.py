@@ -35,6 +35,11 @@ class BufferActor:
     def stats(self) -> dict:
         return self._client.stats()
 
+    def take_dropped(self) -> list[tuple[str, str]]:
+        """Groups closed unserved since the last call, as (group_id, reason): the controller routes them to
+        their rollout workers, which give the groups' admission budget back."""
+        return self._svc.take_dropped()
+
     def set_version(self, version: int) -> None:
         self._client.set_version(version)
 

@@ -424,6 +424,8 @@ class BufferService:
             for sg in rec.groups:
                 fresh = [entries[u] for u in sg.uids if entries[u].min_version >= self.threshold]
                 st.counts["dropped_stale"] += len(sg.uids) - len(fresh)
+                if not fresh:
+                    st.record_dropped(sg.group_id, "stale")
                 if fresh:
                     groups.append((P.ServedGroup(sg.group_id, sg.expected, sg.failed + len(sg.uids) - len(fresh),
                                                  [e.uid for e in fresh]), fresh))
@@ -436,6 +438,10 @@ class BufferService:
         groups = st.apply_serve(rec, replaying=False)
         records.append(frame_parts(P.REC_SERVE, P.pack(rec)))
         return P.batch_frames(rec.batch_id, groups)
+
+    def take_dropped(self) -> list[tuple[str, str]]:
+        """(group_id, "stale" | "failed") of the groups closed unserved since the last call (any thread)."""
+        return self.state.take_dropped()
 
     def stats(self) -> dict:
         return {**self.state.stats(self.version), **self.counts, "version": self.version,

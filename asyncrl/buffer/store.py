@@ -15,11 +15,18 @@ Rules:
   for ``order="oldest"``, descending for ``"newest"``;
 - a served batch stays *outstanding* until committed; after a restart the outstanding batches found
   in the log are served again first (one per GET, whatever its n_groups), as the same batches with
-  the same ids, minus members that have become stale for the asking learner (counted as dropped).
+  the same ids, minus members that have become stale for the asking learner (counted as dropped);
+- a group closed without being served (complete with no member left: all failed, or some stale) is
+  recorded in `dropped` with its reason ("stale" if any member was dropped as stale, else "failed"),
+  and so is a group of a replayed batch whose members all became stale; the rollout side takes these
+  reports (`BufferService.take_dropped`) to give the groups' admission budget back. Closing is not
+  logged, so after a restart the same groups close, and are reported, again: a report is at least
+  once, and its reader ignores one it has applied.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from asyncrl.buffer import protocol as P
@@ -39,6 +46,7 @@ class PendingGroup:
     group_id: str
     expected: int
     failed: int = 0
+    stale: int = 0  # of `failed`: members dropped as stale
     members: dict[str, Entry] = field(default_factory=dict)
     complete_seq: int = -1  # order in which the group became complete (-1: not yet)
 
@@ -68,9 +76,10 @@ class BufferState:
         self.size = 0  # held (pending) trajectories
         self.nbytes = 0
         self._seq = 0
+        self.dropped: deque[tuple[str, str]] = deque()  # (group_id, "stale" | "failed"): closed unserved, not yet taken
         self.counts = {"received": 0, "duplicates": 0, "late": 0, "failed_reported": 0, "dropped_stale": 0,
-                       "dropped_empty_groups": 0, "served": 0, "batches_served": 0, "batches_committed": 0,
-                       "batches_replayed": 0}
+                       "dropped_empty_groups": 0, "groups_dropped_stale": 0, "groups_dropped_failed": 0,
+                       "served": 0, "batches_served": 0, "batches_committed": 0, "batches_replayed": 0}
 
     # ------------------------------------------------------------------ admission
 
@@ -137,6 +146,7 @@ class BufferState:
                 self.size -= 1
                 self.nbytes -= len(e.raw)
                 g.failed += 1
+                g.stale += 1
                 self.counts["dropped_stale"] += 1
                 self._check_complete(g)
 
@@ -188,11 +198,27 @@ class BufferState:
         return [u for g in self.groups.values() for u, e in g.members.items() if e.min_version < threshold]
 
     def drop_empty_complete(self) -> None:
-        """Close groups that are complete with no member left (all failed or stale): nothing to serve."""
+        """Close groups that are complete with no member left (all failed or stale): nothing to serve.
+        Each is recorded in `dropped` with its reason."""
         for gid in [gid for gid, g in self.groups.items() if not g.members and g.is_complete()]:
-            del self.groups[gid]
+            g = self.groups.pop(gid)
             self.closed.add(gid)
             self.counts["dropped_empty_groups"] += 1
+            self.record_dropped(gid, "stale" if g.stale else "failed")
+
+    def record_dropped(self, group_id: str, reason: str) -> None:
+        """A group that will never be served (closed empty, or a replayed group gone stale), for the rollout side."""
+        self.dropped.append((group_id, reason))
+        self.counts[f"groups_dropped_{reason}"] += 1
+
+    def take_dropped(self) -> list[tuple[str, str]]:
+        """The dropped-group reports recorded since the last call (safe from another thread than the writer's)."""
+        out = []
+        while True:
+            try:
+                out.append(self.dropped.popleft())
+            except IndexError:
+                return out
 
     def complete_groups(self) -> list[PendingGroup]:
         """Servable groups in serving order."""

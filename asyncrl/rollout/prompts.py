@@ -2,12 +2,15 @@
 
 Position p (0, 1, 2, ...) is global across epochs: epoch = p // N, and the row is the
 (p % N)-th entry of that epoch's seeded permutation. Worker r of R takes positions p with
-p % R == r. The group id is derived from the position alone, so a prompt issued again (after a
-crash, or on resume) produces the same trajectory uids and the buffer stores them once.
+p % R == r. The group id is derived from the position and the retry number alone (`g<p>`, then
+`g<p>r<k>` for the k-th retry of a prompt whose group the buffer dropped unserved), so a prompt issued
+again after a crash or on resume produces the same trajectory uids and the buffer stores them once,
+while a retry is a new group (the buffer has closed the old one).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +23,22 @@ class PromptDraw:
     epoch: int
     data_index: int
     row: dict[str, Any]
+    retry: int = 0  # 0: first issue; k: the k-th re-issue after its group was dropped unserved
 
     @property
     def group_id(self) -> str:
-        return f"g{self.position}"
+        return f"g{self.position}" if self.retry == 0 else f"g{self.position}r{self.retry}"
+
+
+_GROUP_ID = re.compile(r"g(0|[1-9]\d*)(?:r([1-9]\d*))?")
+
+
+def parse_group_id(group_id: str) -> tuple[int, int]:
+    """(position, retry) of a training group id (`PromptDraw.group_id`); ValueError naming it otherwise."""
+    m = _GROUP_ID.fullmatch(group_id)
+    if m is None:
+        raise ValueError(f"group id {group_id!r} is not a training group id (g<position> or g<position>r<retry>)")
+    return int(m.group(1)), int(m.group(2) or 0)
 
 
 class PromptSource:
@@ -47,11 +62,11 @@ class PromptSource:
             self._perms = {epoch: np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)}
         return self._perms[epoch]
 
-    def at(self, position: int) -> PromptDraw:
+    def at(self, position: int, retry: int = 0) -> PromptDraw:
         n = len(self.rows)
         epoch, offset = divmod(position, n)
         idx = int(self._perm(epoch)[offset])
-        return PromptDraw(position, epoch, idx, self.rows[idx])
+        return PromptDraw(position, epoch, idx, self.rows[idx], retry)
 
     def next(self) -> PromptDraw:
         draw = self.at(self.next_position)

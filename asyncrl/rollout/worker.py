@@ -10,7 +10,16 @@ there before it counts as done. Three bounds apply:
 An episode that fails (agent bug, bad reply) is retried a few times, then reported to the
 buffer as failed so its group completes with its real size. While its engine is unreachable
 (the controller is restarting it) the episode waits, up to engine.launch_timeout_s, without
-using up those attempts.
+using up those attempts. Failed episodes are counted by error text (bounded) and kept in a window
+of the last `trainer.failed_episode_window` outcomes: what the controller's watchdog judges and quotes.
+
+A group the buffer closes without serving it (every member failed or stale) is reported back by the
+controller (`groups_dropped`): its start goes back to the gate and its prompt is issued again, as a
+new group (`g<p>r<k>`), at most `trainer.max_prompt_retries` times; then the prompt is skipped and
+counted. A report is applied once: it names the group's retry number, and one that is not the
+prompt's current one (already handled) changes nothing. What this changes is in `RolloutPosition`
+(returned starts, retry numbers, prompts waiting to be issued again, skipped prompts), so a restarted
+or resumed worker keeps it.
 """
 
 from __future__ import annotations
@@ -20,15 +29,16 @@ import json
 import logging
 import random
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
 from asyncrl.config import Config
 from asyncrl.engine.base import GenerateResult, Generator, SamplingParams
 from asyncrl.env_api import Sample
-from asyncrl.job_state import RolloutPosition, RolloutState
+from asyncrl.job_state import EpisodeError, RolloutPosition, RolloutState
 from asyncrl.rollout.admission import StalenessGate
-from asyncrl.rollout.prompts import PromptDraw, PromptSource
+from asyncrl.rollout.prompts import PromptDraw, PromptSource, parse_group_id
 from asyncrl.schema import NonFiniteRewardError, Trajectory
 
 log = logging.getLogger(__name__)
@@ -60,6 +70,28 @@ class BoundedGenerator:
         return out
 
 
+class ErrorTally:
+    """Failed episodes' errors by message (at most `MAX_KINDS` distinct ones; later new ones are pooled)."""
+
+    MAX_KINDS = 16
+    MAX_CHARS = 300
+    OTHER = "(other errors)"
+
+    def __init__(self) -> None:
+        self._by_message: dict[str, list[int]] = {}  # message -> [count, first data_index]
+
+    def add(self, error: BaseException, data_index: int) -> None:
+        msg = repr(error)
+        msg = msg if len(msg) <= self.MAX_CHARS else msg[: self.MAX_CHARS - 3] + "..."
+        if msg not in self._by_message and len(self._by_message) >= self.MAX_KINDS - 1:
+            msg = self.OTHER
+        self._by_message.setdefault(msg, [0, data_index])[0] += 1
+
+    def summary(self) -> list[EpisodeError]:
+        out = [EpisodeError(message=m, count=c, data_index=i) for m, (c, i) in self._by_message.items()]
+        return sorted(out, key=lambda e: -e.count)
+
+
 class RolloutWorker:
     EPISODE_ATTEMPTS = 3
 
@@ -72,10 +104,13 @@ class RolloutWorker:
         from asyncrl.env_api import resolve_reward_fn
         from asyncrl.tooling.loader import load_tool_specs
 
-        self.cfg, self.worker_id = cfg, worker_id
+        self.cfg, self.worker_id, self.num_workers = cfg, worker_id, num_workers
         position = position or RolloutPosition()
         self.gate = StalenessGate(cfg.algorithm.max_staleness, cfg.trainer.batch_groups, num_workers, version=version,
-                                  started=position.started_groups)
+                                  started=position.started_groups, returned=position.returned_groups)
+        self.retries = dict(position.retries)  # position -> drop reports handled = retry number of its next group
+        self.waiting = list(position.waiting_positions)  # returned: issued again (through the gate) first
+        self.prompts_skipped = position.prompts_skipped
         self.source = PromptSource(rows, seed=cfg.seed, shard=worker_id, num_shards=num_workers,
                                    start_position=position.next_position)
         self.engine = BoundedGenerator(engine, cfg.trainer.max_inflight_generations)
@@ -87,10 +122,15 @@ class RolloutWorker:
         )
         self.producer = AsyncBufferProducer(buffer_address)
         self._episodes = asyncio.Semaphore(cfg.trainer.episodes_per_worker)
-        self.inflight: dict[int, PromptDraw] = {}  # position -> draw, for re-issue after a crash
+        # position -> draw, for re-issue after a crash; a restarted worker's own start here, so that its
+        # state() names them even before run() has re-issued them
+        self.inflight: dict[int, PromptDraw] = {p: self.source.at(p, self.retries.get(p, 0))
+                                                for p in position.inflight_positions}
         self.counts = {"episodes": 0, "episode_errors": 0, "episodes_failed": 0, "reward_nonfinite": 0,
                        "groups_started": 0,
-                       "groups_done": 0, "reward_sum": 0.0}
+                       "groups_done": 0, "groups_dropped": 0, "prompts_reissued": 0, "reward_sum": 0.0}
+        self.errors = ErrorTally()
+        self.recent_failed: deque[bool] = deque(maxlen=cfg.trainer.failed_episode_window)
         self._stop = asyncio.Event()
         self._dump_path = Path(output_dir) / f"trajectories-w{worker_id}.jsonl"
         self._dump_rng = random.Random(cfg.seed * 1000 + worker_id)
@@ -101,22 +141,55 @@ class RolloutWorker:
         await self.gate.set_version(version)
 
     def state(self) -> RolloutState:
-        """The position a restarted worker resumes from (next draw, groups started, groups in flight to
-        re-issue), and the counters the controller rolls up into metrics."""
+        """The position a restarted worker resumes from (next draw, groups started and returned, groups in
+        flight or waiting to be issued again, retry numbers), the counters the controller rolls up into
+        metrics, and the recent outcomes and errors its watchdog reads."""
         pos = RolloutPosition(next_position=self.source.next_position, started_groups=self.gate.started,
-                              inflight_positions=sorted(self.inflight))
+                              inflight_positions=sorted(self.inflight), returned_groups=self.gate.returned,
+                              retries=dict(self.retries), waiting_positions=list(self.waiting),
+                              prompts_skipped=self.prompts_skipped)
         return RolloutState(worker_id=self.worker_id, position=pos, engine_in_flight=self.engine.in_flight,
-                            engine_tokens_out=self.engine.tokens_out, **self.counts)
+                            engine_tokens_out=self.engine.tokens_out, recent_episodes=len(self.recent_failed),
+                            recent_failed=sum(self.recent_failed), errors=self.errors.summary(), **self.counts)
+
+    async def groups_dropped(self, group_ids: list[str]) -> RolloutState:
+        """The buffer closed these groups without serving them: give their starts back and issue their
+        prompts again (at most `trainer.max_prompt_retries` times, then skip them). A report for a group
+        that is not its prompt's current one (handled before), not drawn yet, or not this worker's is ignored."""
+        for gid in group_ids:
+            try:
+                p, k = parse_group_id(gid)
+            except ValueError as e:
+                log.warning("drop report ignored: %s", e)
+                continue
+            if (p % self.num_workers != self.worker_id or p >= self.source.next_position
+                    or k != self.retries.get(p, 0)):
+                log.warning("drop report for %s ignored: not a group this worker (%d of %d) has started and not "
+                            "yet seen dropped", gid, self.worker_id, self.num_workers)
+                continue
+            self.retries[p] = k + 1
+            if (draw := self.inflight.get(p)) is not None and draw.retry == k:
+                del self.inflight[p]  # the buffer has all of it (its last ack may still be on the way here)
+            await self.gate.give_back()
+            self.counts["groups_dropped"] += 1
+            if k < self.cfg.trainer.max_prompt_retries:
+                self.waiting.append(p)
+                self.counts["prompts_reissued"] += 1
+            else:
+                self.prompts_skipped += 1
+                log.warning("prompt %d (row %d) skipped: its group was dropped unserved %d times",
+                            p, self.source.at(p).data_index, k + 1)
+        return self.state()
 
     def stop(self) -> None:
         self._stop.set()
 
     # ------------------------------------------------------------------ the loop
 
-    async def run(self, reissue: list[int] | None = None) -> None:
-        """Run until stopped. Positions in `reissue` (in flight when a previous worker died) go first."""
+    async def run(self) -> None:
+        """Run until stopped. The position's in-flight groups (started when a previous worker died) go first."""
         tasks: set[asyncio.Task] = set()
-        pending = [self.source.at(p) for p in (reissue or [])]
+        pending = list(self.inflight.values())
         try:
             while not self._stop.is_set():
                 if pending:
@@ -130,8 +203,12 @@ class RolloutWorker:
                         stop.cancel()
                         break
                     stop.cancel()
-                    draw = self.source.next()
-                self.inflight[draw.position] = draw
+                    if self.waiting:  # returned by a drop report: the same prompt, as its next retry
+                        p = self.waiting.pop(0)
+                        draw = self.source.at(p, self.retries.get(p, 0))
+                    else:
+                        draw = self.source.next()
+                self.inflight[draw.position] = draw  # (a re-issued one is there already)
                 self.counts["groups_started"] += 1
                 task = asyncio.create_task(self._run_group(draw))
                 tasks.add(task)
@@ -147,14 +224,15 @@ class RolloutWorker:
         samples = [Sample.from_row(draw.row, data_index=draw.data_index, group_id=draw.group_id,
                                    sample_index=k, group_size=n) for k in range(n)]
         await asyncio.gather(*(self._run_episode(s) for s in samples))
-        self.inflight.pop(draw.position, None)
+        if self.inflight.get(draw.position) is draw:  # not already taken out by a drop report
+            del self.inflight[draw.position]
         self.counts["groups_done"] += 1
 
     async def _run_episode(self, sample: Sample) -> None:
         from asyncrl.agent_loop.base import run_episode
 
         async with self._episodes:
-            attempt, outage_s = 0, 0.0
+            attempt, outage_s, error = 0, 0.0, None
             while attempt < self.EPISODE_ATTEMPTS:
                 try:
                     traj = await run_episode(sample, self.ctx, self.cfg.agent.name)
@@ -163,6 +241,7 @@ class RolloutWorker:
                     raise
                 except Exception as e:  # engine down, agent-loop bug: counted, retried, then reported
                     self.counts["episode_errors"] += 1
+                    error = e
                     if isinstance(e, NonFiniteRewardError):  # the reward's verdict: no retry, reported failed
                         self.counts["reward_nonfinite"] += 1
                         log.warning("episode %s failed: %s", sample.uid, e)
@@ -179,9 +258,12 @@ class RolloutWorker:
                     await asyncio.sleep(min(2.0 * attempt, 10.0))
             else:
                 self.counts["episodes_failed"] += 1
+                self.errors.add(error, sample.data_index)
+                self.recent_failed.append(True)
                 await self.producer.report_failed(sample.group_id, sample.group_size, 1)
                 return
         await self.producer.put(traj)
+        self.recent_failed.append(False)
         self.counts["episodes"] += 1
         self.counts["reward_sum"] += traj.reward
         self._dump(traj)

@@ -80,7 +80,10 @@ def load_tool_specs(tools: Optional[list[Any]] = None, tools_config: Optional[st
     specs, seen = [], {}
     for where, entry in entries:
         spec = _as_spec(entry, where)
-        cls = resolve_tool_class(spec.class_name)
+        try:
+            cls = resolve_tool_class(spec.class_name)
+        except registry.PluginError as e:
+            raise registry.PluginError(f"{where}: {e}") from e  # still a LookupError, now saying where
         if spec.config.get("type", "native") != "native":
             raise ToolConfigError(f"{where}: tool type {spec.config['type']!r} is not supported (only 'native')")
         if spec.tool_schema is None:

@@ -29,13 +29,15 @@ def test_buffer_actor_serves_and_reports(tmp_path):
             p = AsyncBufferProducer(addr)
             await p.put(traj("r0", "R", version=1, group_size=2))
             await p.put(traj("r1", "R", version=3, group_size=2))
+            await p.put(traj("s0", "S", version=1))
             await p.close()
 
         asyncio.run(produce())
         ray.get(actor.set_version.remote(4))  # with the bound 2 it was built with, r0 (v1 < 2) is stale
         st = ray.get(actor.stats.remote())
         assert (st["version"], st["size"], st["groups_complete"], st["age_versions_max"]) == (4, 1, 1, 1)
-        assert st["dropped_stale"] == 1
+        assert st["dropped_stale"] == 2
+        assert ray.get(actor.take_dropped.remote()) == [("S", "stale")]  # closed unserved: for the rollout side
         c = BufferConsumer(addr)
         b = c.get_batch(1, current_version=4, timeout_s=5)
         c.close()

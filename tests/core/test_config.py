@@ -70,9 +70,66 @@ def test_range_checks_at_load_time():
         load_config(["algorithm.max_staleness=-1"])
 
 
-def test_unknown_group_option_lists_choices():
-    with pytest.raises(ConfigError, match="react"):
-        load_config(["agent=reactt"])
+def test_unknown_group_option_lists_the_groups_options():
+    with pytest.raises(ConfigError) as e:
+        load_config(["env=nonexistent"])
+    assert str(e.value) == "env=nonexistent: no such option in config group 'env'; available: arithmetic, gsm8k, search_r1"
+    with pytest.raises(ConfigError) as e:
+        load_config(["agent=reactt", "trainer.total_steps=3"])
+    assert str(e.value) == ("agent=reactt: no such option in config group 'agent' (did you mean 'react'?); "
+                            "available: react, single_turn, tool_agent")
+    with pytest.raises(ConfigError, match=r"^model=gpt: .*; env=nope: .*available: arithmetic"):
+        load_config(["model=gpt", "env=nope"])  # every bad selection, not the first
+
+
+def test_custom_model_without_a_path_says_what_it_needs():
+    for overrides in (["model=custom"], ["model.name=custom"], ["model=custom", "model.path=null"]):
+        with pytest.raises(ConfigError) as e:
+            load_config(overrides)
+        assert str(e.value) == "model=custom needs model.path (a local Hugging Face checkpoint directory)"
+    assert load_config(["model=custom", "model.path=/some/dir"]).model.path == "/some/dir"
+
+
+@pytest.mark.parametrize("override,message", [
+    ("trainer.rollout_workers=0", "trainer.rollout_workers: must be >= 1, got 0"),
+    ("trainer.learner_ranks=0", "trainer.learner_ranks: must be >= 1, got 0"),
+    ("trainer.episodes_per_worker=0", "trainer.episodes_per_worker: must be >= 1, got 0"),
+    ("trainer.max_inflight_generations=-1", "trainer.max_inflight_generations: must be >= 1, got -1"),
+    ("trainer.eval_samples=0", "trainer.eval_samples: must be >= 1, got 0"),
+    ("trainer.checkpoint_every=-1", "trainer.checkpoint_every: must be >= 0, got -1"),
+    ("trainer.weight_sync.bucket_mb=0", "trainer.weight_sync.bucket_mb: must be >= 1, got 0"),
+    ("engine.max_running_tokens=0", "engine.max_running_tokens: must be >= 1, got 0"),
+    ("engine.request_timeout_s=0", "engine.request_timeout_s: must be > 0, got 0.0"),
+    ("buffer.capacity_trajectories=0", "buffer.capacity_trajectories: must be >= 1, got 0"),
+    ("buffer.capacity_bytes=0", "buffer.capacity_bytes: must be >= 1, got 0"),
+    ("agent.tool_concurrency=0", "agent.tool_concurrency: must be >= 1, got 0"),
+    ("agent.max_user_turns=-1", "agent.max_user_turns: must be >= 0, got -1"),
+    ("agent.sampling.top_k=0", "agent.sampling.top_k: must be -1 (off) or >= 1, got 0"),
+    ("algorithm.micro_batch_tokens=0", "algorithm.micro_batch_tokens: must be >= 1, got 0"),
+    ("env.num_train=0", "env.num_train: must be >= 1, got 0"),
+    ("ray.num_cpus=0", "ray.num_cpus: must be >= 1, got 0"),
+])
+def test_numeric_ranges_are_checked_at_load(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config([override])
+    assert str(e.value) == message
+
+
+def test_the_embedded_engine_must_hold_the_longest_episode():
+    with pytest.raises(ConfigError) as e:
+        load_config(["engine.max_running_tokens=1000", "agent.max_prompt_tokens=600", "agent.max_response_tokens=500"])
+    assert str(e.value) == ("engine.max_running_tokens: 1000 is less than agent.max_prompt_tokens + "
+                            "agent.max_response_tokens = 1100: the embedded engine could not hold the longest episode allowed")
+    assert load_config(["engine.max_running_tokens=1100", "agent.max_prompt_tokens=600",
+                        "agent.max_response_tokens=500"]).engine.max_running_tokens == 1100
+
+
+def test_group_estimators_need_two_samples_a_prompt():
+    for est in ("grpo", "drgrpo", "rloo"):
+        with pytest.raises(ConfigError, match=rf"algorithm.n_samples: must be >= 2 with adv_estimator={est} "):
+            load_config([f"algorithm.adv_estimator={est}", "algorithm.n_samples=1"])
+    cfg = load_config(["algorithm.adv_estimator=reinforce_pp", "algorithm.n_samples=1"])  # a batch baseline
+    assert cfg.algorithm.n_samples == 1
 
 
 def test_from_dict_rejects_bool_for_int_and_unknown_keys():

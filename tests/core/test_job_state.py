@@ -33,3 +33,15 @@ def test_a_bad_job_state_names_the_field(bad, match):
         return
     with pytest.raises(ValueError, match=match):
         JobState.from_builtins(bad)
+
+
+def test_a_position_keeps_what_drop_reports_changed_through_a_checkpoint():
+    pos = RolloutPosition(next_position=12, started_groups=9, inflight_positions=[10], returned_groups=4,
+                          retries={2: 3, 6: 1}, waiting_positions=[6], prompts_skipped=1)
+    job = JobState(step=3, rollout=[pos])
+    back = JobState.from_builtins(pickle.loads(pickle.dumps(job.to_builtins())))  # as meta.pt holds it
+    assert back == job and back.rollout[0].retries == {2: 3, 6: 1}
+    assert RolloutPosition().__struct_config__.omit_defaults and JobState(step=0, rollout=[RolloutPosition()]) \
+        .to_builtins()["rollout"] == [{}]  # a checkpoint of a fresh run names no field it does not use
+    with pytest.raises(ValueError, match=r"at `key` in `\$.rollout\[0\].retries`"):
+        JobState.from_builtins({"step": 1, "rollout": [{"retries": {"x": 1}}]})

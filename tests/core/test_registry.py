@@ -22,6 +22,38 @@ def test_unknown_name_lists_registered(plugin_registry):
         plugin_registry.get("reward", "nope")
 
 
+def test_verl_agent_names_are_aliases_and_an_alias_cannot_shadow_a_plugin(plugin_registry):
+    assert plugin_registry.get("agent", "single_turn_agent") is plugin_registry.get("agent", "single_turn")
+    assert plugin_registry.get("agent", "tool_agent").name == "tool_agent"
+    plugin_registry.alias("reward", "probe_alias", "probe_target")
+    plugin_registry.add("reward", "probe_target", lambda **kw: 0.5)
+    assert plugin_registry.get("reward", "probe_alias")() == 0.5
+    with pytest.raises(plugin_registry.PluginError, match="reward alias 'probe_target' -> 'x' clashes"):
+        plugin_registry.alias("reward", "probe_target", "x")
+    with pytest.raises(plugin_registry.PluginError, match="reward alias 'probe_alias' -> 'other' clashes"):
+        plugin_registry.alias("reward", "probe_alias", "other")
+    with pytest.raises(plugin_registry.PluginError,
+                       match=r"unknown agent 'single_turn_agnt' \(did you mean 'single_turn_agent'\?\); registered "
+                             r"agents: .*single_turn.* \(aliases: single_turn_agent -> single_turn\)"):
+        plugin_registry.get("agent", "single_turn_agnt")
+
+
+def test_a_plugin_file_that_fails_to_import_is_one_line_and_can_be_fixed(tmp_path, plugin_registry):
+    f = tmp_path / "flaky.py"
+    f.write_text("from asyncrl.registry import register\n\n@register('reward', 'flaky_probe')\ndef r(**kw):\n"
+                 "    return 1.0\n\nraise KeyError('SECRET_TOKEN')\n")
+    with pytest.raises(plugin_registry.PluginError) as e:
+        plugin_registry.load_source(str(f))
+    assert str(e.value) == f"plugin {f}: KeyError while importing at {f}:7: 'SECRET_TOKEN'"
+    assert "flaky_probe" not in plugin_registry.names("reward")  # what it registered before failing is undone
+    with pytest.raises(plugin_registry.PluginError) as e:
+        plugin_registry.resolve_object(f"{f}:r")  # the same failure through a tool's class_name path
+    assert str(e.value) == f"plugin {f}: KeyError while importing at {f}:7: 'SECRET_TOKEN'"
+    f.write_text(f.read_text().replace("raise KeyError('SECRET_TOKEN')", ""))
+    plugin_registry.load_source(str(f))  # not remembered as loaded: the fixed file loads
+    assert plugin_registry.get("reward", "flaky_probe")() == 1.0
+
+
 def test_unknown_kind_is_an_error(plugin_registry):
     with pytest.raises(plugin_registry.PluginError, match="unknown plugin kind 'widget'"):
         plugin_registry.register("widget", "x")

@@ -1,6 +1,6 @@
 import pytest
 
-from asyncrl.rollout.prompts import PromptSource
+from asyncrl.rollout.prompts import PromptSource, parse_group_id
 
 ROWS = [{"i": i} for i in range(5)]
 
@@ -36,3 +36,17 @@ def test_shards_partition_positions():
 def test_empty_dataset_is_an_error():
     with pytest.raises(ValueError, match="empty"):
         PromptSource([], seed=0)
+
+
+def test_a_retry_is_the_same_prompt_as_a_new_group():
+    src = PromptSource(ROWS, seed=2)
+    first, retry = src.at(3), src.at(3, retry=2)
+    assert (first.group_id, retry.group_id) == ("g3", "g3r2")
+    assert retry.data_index == first.data_index and retry.row is first.row
+    assert parse_group_id(first.group_id) == (3, 0) and parse_group_id(retry.group_id) == (3, 2)
+
+
+@pytest.mark.parametrize("bad", ["", "g", "3", "gx", "g3r", "g3r0", "g-1", "g3r-1", "val-3", " g3", "g3\n", "g3r2r1", "g03", "g3r02"])
+def test_parse_group_id_refuses_what_is_not_a_training_group(bad):
+    with pytest.raises(ValueError, match="is not a training group id"):
+        parse_group_id(bad)

@@ -1,0 +1,283 @@
+"""Preflight (asyncrl/preflight.py): each mistake is one line naming the bad value, found before
+anything starts. The check functions are called directly with hostile inputs; `asyncrl train` is
+run in-process (the real entry point, `asyncrl.cli.main`) for each mistake, and as a subprocess
+where the process itself is the point: that Ray is never imported and nothing is written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from asyncrl.agent_loop.base import resolve_agent
+from asyncrl.cli import main as cli_main
+from asyncrl.config import InteractionSpec, load_config
+from asyncrl.env_api import Sample
+from asyncrl.preflight import (
+    PreflightError,
+    check_model,
+    check_names,
+    check_plugins,
+    check_row_names,
+    check_tools,
+    preflight,
+    prompt_lengths,
+    too_long,
+)
+from asyncrl.tooling.loader import load_tool_specs, tool_schemas
+
+
+def _row(content: str = "What is 2 + 3?", **top) -> dict:
+    return {"data_source": "arithmetic", "prompt": [{"role": "user", "content": content}],
+            "reward_model": {"ground_truth": "5"}, **top}
+
+
+def _write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _overrides(model_dir: Path, out: Path, rows: Path, *extra: str) -> list[str]:
+    return ["model=custom", f"model.path={model_dir}", f"trainer.output_dir={out}", f"env.train_file={rows}",
+            "trainer.wandb=off", *extra]
+
+
+@pytest.fixture
+def rows_file(tmp_path) -> Path:
+    return _write_rows(tmp_path / "rows.jsonl", [_row(f"What is {i} + 3?") for i in range(4)])
+
+
+# ----------------------------------------------------------------------------- plugins
+
+
+def test_every_broken_plugin_is_one_line_naming_file_line_and_cause(tmp_path, plugin_registry):
+    syntax = tmp_path / "syntax.py"
+    syntax.write_text("x = 1\n\ndef f(:\n    pass\n")
+    raising = tmp_path / "raising.py"
+    raising.write_text("import os\nraise RuntimeError('no API key in the environment')\n")
+    missing = tmp_path / "missing_dep.py"
+    missing.write_text("import no_such_module_for_preflight\n")
+    good = tmp_path / "good.py"
+    good.write_text("from asyncrl.registry import register\n\n@register('reward', 'preflight_good')\n"
+                    "def preflight_good(**kw):\n    return 0.0\n")
+    problems = check_plugins([str(syntax), str(raising), str(missing), "no_such_pkg.plugins", str(good)])
+    assert problems == [
+        f"plugin {syntax}: syntax error at line 3: invalid syntax",
+        f"plugin {raising}: RuntimeError while importing at {raising}:2: no API key in the environment",
+        f"plugin {missing}: cannot import 'no_such_module_for_preflight' (No module named 'no_such_module_for_preflight')",
+        "plugin module 'no_such_pkg.plugins' not found (no module named 'no_such_pkg')",
+    ]
+    assert plugin_registry.get("reward", "preflight_good")() == 0.0  # the good one after them still loaded
+    assert not [m for m in sys.modules if m.startswith("asyncrl_user_plugin_")
+                and getattr(sys.modules[m], "__file__", "") in (str(syntax), str(raising))]
+
+
+def test_a_dotted_plugin_whose_dependency_is_missing_names_the_dependency(tmp_path, plugin_registry, monkeypatch):
+    (tmp_path / "pf_plugin_pkg").mkdir()
+    (tmp_path / "pf_plugin_pkg" / "__init__.py").write_text("import not_installed_dep_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert check_plugins(["pf_plugin_pkg"]) == [
+        "plugin pf_plugin_pkg: cannot import 'not_installed_dep_xyz' (No module named 'not_installed_dep_xyz')"]
+
+
+# ----------------------------------------------------------------------------- names, tools, model
+
+
+def test_misspelled_agent_parser_and_interaction_class_are_each_named():
+    cfg = load_config(["agent.name=reactt", "agent.tool_parser=hermz"])
+    cfg.env.interactions = [InteractionSpec(name="feedback", class_name="answer_feedbak")]
+    problems = check_names(cfg)
+    assert len(problems) == 3
+    assert problems[0].startswith("agent.name: unknown agent 'reactt' (did you mean 'react'?); registered agents:")
+    assert problems[1].startswith("agent.tool_parser: unknown tool_parser 'hermz' (did you mean 'hermes'?)")
+    assert problems[2].startswith("env.interactions[0] ('feedback'): unknown interaction 'answer_feedbak'")
+    assert check_names(load_config(["agent.name=single_turn_agent"])) == []  # verl's name is an alias
+
+
+def test_row_agent_names_and_interaction_names_are_checked_per_distinct_value():
+    cfg = load_config([])
+    cfg.env.interactions = [InteractionSpec(name="coach", class_name="answer_feedback")]
+    rows = [_row(), _row(agent_name="reactt"), _row(agent_name="single_turn_agent"), _row(agent_name="reactt"),
+            _row(agent_name="tool_agent", extra_info={"interaction_kwargs": {"name": "coach"}}),
+            _row(extra_info={"interaction_kwargs": {"name": "answer_feedback"}}),
+            _row(extra_info={"interaction_kwargs": {"name": "teacher"}})]
+    problems = check_row_names(rows, cfg, "training")
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("training rows 1, 3: agent_name: unknown agent 'reactt' (did you mean 'react'?)")
+    assert problems[1].startswith("training row 6: extra_info.interaction_kwargs.name 'teacher' is neither in "
+                                  "env.interactions nor registered: unknown interaction 'teacher'")
+    many = check_row_names([_row(agent_name="nope")] * 8, cfg, "evaluation")
+    assert many[0].startswith("evaluation rows 0, 1, 2, 3, 4 and 3 more: agent_name: unknown agent 'nope'")
+
+
+def test_tool_yaml_naming_missing_classes_is_reported(tmp_path):
+    yaml = tmp_path / "tools.yaml"
+    yaml.write_text(textwrap.dedent("""
+        tools:
+          - class_name: no_such_pkg.tools:SearchTool
+            config: {type: native}
+    """))
+    cfg = load_config([f"env.tools_config={yaml}"])
+    specs, problems = check_tools(cfg)
+    assert specs is None
+    assert problems == [f"{yaml}: tools[0]: cannot import 'no_such_pkg.tools' for 'no_such_pkg.tools:SearchTool': No module named 'no_such_pkg'"]
+    specs, problems = check_tools(load_config(["env.tools=[{class_name: calculatr}]"]))
+    assert specs is None and problems[0].startswith("env.tools[0]: unknown tool 'calculatr' (did you mean 'calculator'?)")
+    specs, problems = check_tools(load_config([]))
+    assert problems == [] and [s.class_name for s in specs] == ["calculator"]
+
+
+def test_model_path_must_hold_config_weights_and_tokenizer(tmp_path, tiny_model_dir):
+    def problems(path: Path) -> list[str]:
+        return check_model(load_config(["model=custom", f"model.path={path}"]))[1]
+
+    assert problems(tiny_model_dir) == []
+    assert problems(tmp_path / "absent") == [f"model.path='{tmp_path / 'absent'}': no such directory (looked at {tmp_path / 'absent'})"]
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "config.json").write_text("{}")
+    (msg,) = problems(partial)
+    assert msg == (f"model.path='{partial}': not a Hugging Face checkpoint directory ({partial}): missing weights "
+                   "(*.safetensors, pytorch_model*.bin, model.safetensors.index.json); tokenizer files "
+                   "(tokenizer.json, tokenizer_config.json, tokenizer.model)")
+
+
+def test_default_model_is_found_without_converting_it(tmp_path):
+    """An empty cache: preflight points at the GGUF the run will convert, and converts nothing itself."""
+    cache = tmp_path / "cache"
+    model, problems = check_model(load_config([f"model.cache_dir={cache}"]))
+    assert problems == [] and model.endswith("SmolLM2-135M-Instruct.Q4_1.gguf") and Path(model).is_file()
+    assert not cache.exists()
+    assert check_model(load_config(["model.name=llama-7b"]))[1] == [
+        "model.name='llama-7b': not a known default model (known: 'smollm2-135m'); use model=custom model.path=DIR"]
+
+
+# ----------------------------------------------------------------------------- prompt lengths
+
+
+def test_prompt_lengths_are_what_the_agent_loop_renders(tokenizer):
+    cfg = load_config([])
+    specs = load_tool_specs(cfg.env.tools)
+    rows = [_row("short"), _row("a much longer question " * 20, agent_name="single_turn"),
+            _row("x", prompt=[{"role": "system", "content": "Be terse."}, {"role": "user", "content": "2+2?"}])]
+    got = prompt_lengths(rows, cfg, tokenizer, tool_schemas(specs))
+    chat = resolve_agent("tool_agent").chat_format(tokenizer, cfg.agent, tool_schemas(specs))
+    for i in (0, 2):  # as Episode measures them: tool_agent renders the tool schemas into the prompt
+        msgs = Sample.from_row(rows[i], data_index=i, group_id="g", sample_index=0, group_size=1).messages
+        assert got[i] == len(chat.prompt_ids(chat.prompt_messages(msgs)))
+    assert got[0] > 200  # the hermes tool text is counted
+    assert got[1] < got[0]  # single_turn renders no tools, even for a long question
+    assert too_long(got, 10_000, "training") is None
+    msg = too_long([5, 700, 12, 900], 512, "training")
+    assert msg == "2 of 4 training rows have prompts longer than agent.max_prompt_tokens=512: row 3 (900 tokens), row 1 (700 tokens)"
+
+
+def test_overlong_rows_fail_or_with_skip_bad_rows_are_dropped(tmp_path, tiny_model_dir):
+    rows = _write_rows(tmp_path / "rows.jsonl", [_row("2+2?"), _row("word " * 400), _row("3+3?")])
+    args = _overrides(tiny_model_dir, tmp_path / "out", rows, "agent.max_prompt_tokens=400")
+    with pytest.raises(PreflightError) as e:
+        preflight(load_config(args))
+    (line,) = e.value.problems
+    assert line.startswith("1 of 3 training rows have prompts longer than agent.max_prompt_tokens=400: row 1 (")
+    report = preflight(load_config([*args, "env.skip_bad_rows=true"]))
+    assert [r["prompt"][0]["content"] for r in report.train_rows] == ["2+2?", "3+3?"]
+    assert [i for i, _ in report.dropped_rows] == [1] and report.dropped_rows[0][1] > 400
+    assert report.warnings[0].endswith("dropped (env.skip_bad_rows=true)")
+    assert report.longest_prompt <= 400 and "2 training, 1 dropped" in report.summary()
+    assert not (tmp_path / "out").exists()
+
+
+def test_evaluation_rows_are_checked_when_evaluation_is_on(tmp_path, tiny_model_dir, rows_file):
+    val = _write_rows(tmp_path / "val.jsonl", [_row("word " * 400, agent_name="nope")])
+    args = _overrides(tiny_model_dir, tmp_path / "out", rows_file, f"env.val_file={val}", "env.skip_bad_rows=true")
+    assert preflight(load_config(args)).num_val_rows == 0  # eval off: the val file is not read
+    with pytest.raises(PreflightError) as e:
+        preflight(load_config([*args, "trainer.eval_every=1"]))
+    assert [p.split(":")[0] for p in e.value.problems] == ["evaluation row 0"]
+
+
+# ----------------------------------------------------------------------------- the entry point
+
+
+MISTAKES = {  # override(s) -> a fragment of the one stderr line
+    "env_option": (["env=nonexistent"], "env=nonexistent: no such option in config group 'env'; "
+                                        "available: arithmetic, gsm8k, search_r1"),
+    "agent_option": (["agent=reactt"], "agent=reactt: no such option in config group 'agent' (did you mean 'react'?)"),
+    "custom_model_without_path": (["model=custom", "model.path=null"],
+                                  "model=custom needs model.path (a local Hugging Face checkpoint directory)"),
+    "n_samples": (["algorithm.n_samples=1"], "algorithm.n_samples: must be >= 2 with adv_estimator=grpo"),
+    "workers": (["trainer.rollout_workers=0"], "trainer.rollout_workers: must be >= 1, got 0"),
+    "agent_name": (["agent.name=reactt"], "agent.name: unknown agent 'reactt'"),
+    "tool_parser": (["agent.tool_parser=hermz"], "agent.tool_parser: unknown tool_parser 'hermz'"),
+    "tool_class": (["env.tools=[{class_name: calculatr}]"], "env.tools[0]: unknown tool 'calculatr'"),
+    "model_path": (["model.path=/nonexistent/ckpt"], "model.path='/nonexistent/ckpt': no such directory"),
+}
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_each_mistake_is_one_line_exit_2_and_nothing_written(mistake, tmp_path, tiny_model_dir, rows_file, capsys,
+                                                             plugin_registry):
+    extra, fragment = MISTAKES[mistake]
+    out = tmp_path / "out"
+    rc = cli_main(["train", *_overrides(tiny_model_dir, out, rows_file), *extra])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert fragment in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("mistake", ["plugin_syntax", "row_agent_name", "long_prompt"])
+def test_data_and_plugin_mistakes_through_the_entry_point(mistake, tmp_path, tiny_model_dir, capsys, plugin_registry):
+    rows = [_row(), _row()]
+    extra: list[str] = []
+    if mistake == "plugin_syntax":
+        (tmp_path / "bad.py").write_text("def f(:\n")
+        extra, fragment = [f"plugins=[{tmp_path / 'bad.py'}]"], f"plugin {tmp_path / 'bad.py'}: syntax error at line 1"
+    elif mistake == "row_agent_name":
+        rows[1]["agent_name"] = "tool_agnt"
+        fragment = "training row 1: agent_name: unknown agent 'tool_agnt' (did you mean 'tool_agent'?)"
+    else:
+        rows[0]["prompt"][0]["content"] = "word " * 600
+        fragment = "1 of 2 training rows have prompts longer than agent.max_prompt_tokens=512: row 0 ("
+    out = tmp_path / "out"
+    rc = cli_main(["train", *_overrides(tiny_model_dir, out, _write_rows(tmp_path / "rows.jsonl", rows)), *extra])
+    err = capsys.readouterr().err
+    assert (rc, len(err.strip().splitlines())) == (2, 1), err
+    assert fragment in err
+    assert not out.exists()
+
+
+def _train_subprocess(*args: str) -> subprocess.CompletedProcess:
+    """`asyncrl train ARGS` in a fresh interpreter, which then reports whether ray was ever imported."""
+    code = ("import sys; from asyncrl.cli import main; rc = main(['train', *sys.argv[1:]]); "
+            "print('RAY_IMPORTED' if 'ray' in sys.modules else 'RAY_NOT_IMPORTED'); sys.exit(rc)")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_dry_run_checks_everything_prints_a_summary_and_starts_nothing(tmp_path, tiny_model_dir, rows_file):
+    out = tmp_path / "out"
+    proc = _train_subprocess("--dry-run", *_overrides(tiny_model_dir, out, rows_file))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "preflight passed; nothing started (--dry-run)"
+    assert f"model: {tiny_model_dir}" in lines
+    assert "rows: 4 training, 0 evaluation" in lines and "agent: tool_agent" in lines and "tools: calculator" in lines
+    assert any(ln.startswith("longest prompt: ") and ln.endswith("(limit agent.max_prompt_tokens=512)") for ln in lines)
+    assert lines[-1] == "RAY_NOT_IMPORTED"
+    assert not out.exists()
+
+
+def test_a_failing_preflight_exits_2_before_ray_is_imported(tmp_path, tiny_model_dir, rows_file):
+    """Without --dry-run: the command that would train stops at preflight, in its own process."""
+    out = tmp_path / "out"
+    proc = _train_subprocess(*_overrides(tiny_model_dir, out, rows_file), "agent.name=reactt")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith("asyncrl train: preflight: agent.name: unknown agent 'reactt'")
+    assert proc.stdout.strip() == "RAY_NOT_IMPORTED"
+    assert not out.exists()
