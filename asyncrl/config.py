@@ -84,8 +84,16 @@ class EngineConfig:
     max_running_seqs: int = 16
     max_running_tokens: int = 16384
     launch_timeout_s: float = 300.0
-    request_timeout_s: float = 600.0
-    max_retries: int = 3
+    # A client gives up on an engine that accepts connections but never answers after
+    # (max_retries + 1) x request_timeout_s + backoff = 3 x 180 s = 9 min (refused connections fail in
+    # under 2 s); a supervised engine that hangs is killed by the liveness probe long before that.
+    request_timeout_s: float = 180.0
+    max_retries: int = 2
+    # Liveness of launched engines: a one-token /generate under probe_timeout_s each supervisor check;
+    # probe_failures in a row (not counting while the engine reports itself paused for a weight sync)
+    # and the engine's process group is SIGKILLed and relaunched: about 3 x (20 s + 5 s) ~ 75 s.
+    probe_timeout_s: float = 20.0
+    probe_failures: int = 3
     mem_fraction_static: float = 0.4  # sglang only
     extra_args: list[str] = field(default_factory=list)  # sglang only, passed to launch_server
 
@@ -96,6 +104,8 @@ class EngineConfig:
         _at_least(self, "engine", 0, "max_retries")
         _positive(self, "engine", "launch_timeout_s", "request_timeout_s")
         _check(0 < self.mem_fraction_static <= 1, "engine.mem_fraction_static", f"must be in (0, 1], got {self.mem_fraction_static}")
+        _positive(self, "engine", "probe_timeout_s")
+        _at_least(self, "engine", 1, "probe_failures")
 
 
 @dataclass
@@ -219,8 +229,13 @@ class AlgorithmConfig:
     minibatches: int = 1  # optimizer steps per pass
     micro_batch_tokens: int = 4096  # token budget of one forward/backward
     packing: bool = True
+    # an optimizer step whose loss or grad norm is not finite is skipped (grads dropped, counted in
+    # learner/skipped_steps_nonfinite); this many in a row stop the run
+    max_nonfinite_steps: int = 3
 
     def __post_init__(self) -> None:
+        _check(self.max_nonfinite_steps >= 1, "algorithm.max_nonfinite_steps",
+               f"must be >= 1, got {self.max_nonfinite_steps}")
         _check(self.n_samples >= 1, "algorithm.n_samples", f"must be >= 1, got {self.n_samples}")
         _check(self.n_samples >= 2 or self.adv_estimator not in GROUP_ESTIMATORS, "algorithm.n_samples",
                f"must be >= 2 with adv_estimator={self.adv_estimator} (its baseline is the group of samples "
@@ -276,9 +291,12 @@ class TrainerConfig:
     stall_timeout_s: float = 1800.0  # watchdog: stop (exit 4) when no step was trained for this long; 0: off
     max_failed_episode_fraction: float = 0.9  # watchdog: stop (exit 4) when more of the recent episodes failed
     failed_episode_window: int = 64  # ... the last episodes each rollout worker keeps; judged once this many exist
+    # a learner rank blocked this long in a collective (a peer died or hangs) fails, and the run stops
+    learner_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
         _check(self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}")
+        _check(self.learner_timeout_s > 0, "trainer.learner_timeout_s", f"must be > 0, got {self.learner_timeout_s}")
         _check(self.batch_groups >= 1, "trainer.batch_groups", f"must be >= 1, got {self.batch_groups}")
         _check(0.0 <= self.dump_trajectories <= 1.0, "trainer.dump_trajectories", "must be in [0, 1]")
         _check(self.max_prompt_retries >= 0, "trainer.max_prompt_retries", f"must be >= 0, got {self.max_prompt_retries}")

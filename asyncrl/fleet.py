@@ -81,7 +81,8 @@ class Fleet:
         self.learners = LearnerGroup(cfg, consumer, learner_threads)
         self.supervisor = Supervisor(engines=self.engines, engine_urls=self.engine_urls, learners=self.learners,
                                      base_weights=model_dir, restart_weights=self.out / "engine_restart_weights",
-                                     spawn_worker=self._spawn_worker)
+                                     spawn_worker=self._spawn_worker, buffer=self.buffer,
+                                     probe_timeout_s=cfg.engine.probe_timeout_s)
         positions = [RolloutPosition() for _ in range(cfg.trainer.rollout_workers)]
         version = 0
         if resume_from is not None:
@@ -273,6 +274,7 @@ def roll_up(states: list[RolloutState], last_poll: tuple[float, int], now: float
         "rollout/episodes": episodes,
         "rollout/episode_errors": sum(s.episode_errors for s in states),
         "rollout/episodes_failed": sum(s.episodes_failed for s in states),
+        "rollout/reward_nonfinite": sum(s.reward_nonfinite for s in states),
         "rollout/groups_dropped": sum(s.groups_dropped for s in states),
         "rollout/prompts_reissued": sum(s.prompts_reissued for s in states),
         "rollout/prompts_skipped": sum(s.position.prompts_skipped for s in states),

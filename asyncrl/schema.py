@@ -7,6 +7,7 @@ aligned with `response_ids` (one entry per response token).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -17,6 +18,10 @@ _ALLOWED_DTYPES = {"int32", "int64", "uint8", "int8", "float32", "float16", "flo
 
 class SchemaError(ValueError):
     """A frame or struct that violates the schema (bad dtype, shape/size mismatch, misaligned arrays)."""
+
+
+class NonFiniteRewardError(SchemaError):
+    """A reward (the episode's or a turn's) is NaN or infinite: the episode cannot be trained on."""
 
 
 class Array(msgspec.Struct, frozen=True):
@@ -77,7 +82,8 @@ class Trajectory(msgspec.Struct, kw_only=True):
     def validate(self) -> Trajectory:
         """The one check of a trajectory (the buffer runs it on every PUT, the learner on every batch):
         non-empty uid and group_id, 1-D arrays of the schema's dtypes whose bytes match their shapes,
-        per-token arrays aligned with response_ids. Raises SchemaError naming the field."""
+        per-token arrays aligned with response_ids, finite reward, turn rewards and behaviour logprobs.
+        Raises SchemaError (NonFiniteRewardError for a reward) naming the field."""
         if not self.uid or not self.group_id:
             raise SchemaError(f"trajectory needs a non-empty uid and group_id, got uid={self.uid!r} "
                               f"group_id={self.group_id!r}")
@@ -91,6 +97,17 @@ class Trajectory(msgspec.Struct, kw_only=True):
             n = len(getattr(self, name))
             if n != r:
                 raise SchemaError(f"trajectory {self.uid}: {name} has {n} entries, response_ids has {r}")
+        if not math.isfinite(self.reward):
+            raise NonFiniteRewardError(f"trajectory {self.uid}: reward is {self.reward}, not a finite number")
+        bad = [k for k, x in enumerate(self.turn_rewards) if not math.isfinite(x)]
+        if bad:
+            raise NonFiniteRewardError(f"trajectory {self.uid}: turn_rewards[{bad[0]}] is "
+                                       f"{self.turn_rewards[bad[0]]}, not a finite number")
+        lp = self.behavior_logprobs.numpy()
+        bad_lp = np.flatnonzero(~np.isfinite(lp))
+        if bad_lp.size:
+            raise SchemaError(f"trajectory {self.uid}: behavior_logprobs[{bad_lp[0]}] is {lp[bad_lp[0]]}, "
+                              "not a finite number")
         return self
 
     @property

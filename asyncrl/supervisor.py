@@ -1,4 +1,4 @@
-"""Supervisor: health checks and the restart policy for rollout workers and engines.
+"""Supervisor: health checks and the restart policy for rollout workers and engines; the buffer's health.
 
 The controller calls `check(version)` between waits (while it waits for a batch, when a version
 publish fails, before a checkpoint, when it rolls up metrics). `version` is the published policy
@@ -11,11 +11,21 @@ Rollout worker r:
   DEAD    --same check---------------------------> RUNNING   a new actor at the last recorded position and
                                                              `version`; it re-issues the groups it had in flight
 Engine i (only engines this job launched; attached ones, `engine.urls`, are not supervised):
-  UP   --alive() answers true--------------------> UP
-  UP   --alive() false, raises or times out------> DOWN
+  UP   --alive() answers true--------------------> UP        alive(): the process runs and answers a one-token
+                                                             /generate within engine.probe_timeout_s, or has
+                                                             failed fewer than engine.probe_failures in a row
+  UP   --alive() false, raises or times out------> DOWN      a hung engine (probe_failures in a row) was
+                                                             SIGKILLed by alive() itself
   DOWN --same check, all DOWN engines together---> UP        relaunched on its port from the learner's current
                                                              weights, told the learner's version; then the
                                                              learner group re-joins every engine (new sync group)
+
+Replay buffer (one, no restart):
+  SERVING --health() answers None----------------> SERVING
+  SERVING --health() answers an error, or the----> (run stops) BufferFailed with the service's error
+           actor is gone or does not answer                  (e.g. its log write failed: path and errno);
+                                                             the controller exits non-zero. Its log holds
+                                                             every acked record: trainer.resume=auto goes on.
 
 Rules:
 - a restarted worker resumes from the last position it reported, never from scratch: prompts it had
@@ -24,7 +34,9 @@ Rules:
   the base model while the version is 0) and the version read from the learner, its owner, in the
   same breath: relaunching from the base weights and syncing later would let waiting episodes
   generate version-0 tokens the buffer then drops as stale;
-- every restart is counted (`faults/worker_restarts`, `faults/engine_restarts`).
+- every restart is counted (`faults/worker_restarts`, `faults/engine_restarts`);
+- the probe never overlaps a weight sync the controller drives (both run on its one thread), and a probe
+  that fails while the engine reports itself paused is not counted.
 """
 
 from __future__ import annotations
@@ -53,6 +65,10 @@ class EngineStatus(enum.Enum):
     DOWN = "down"
 
 
+class BufferFailed(RuntimeError):
+    """The replay buffer's service stopped with an error (or its actor is gone): the run cannot go on."""
+
+
 SpawnWorker = Callable[[int, RolloutPosition, int], Any]  # (worker id, position, version) -> started actor
 
 
@@ -60,8 +76,11 @@ class Supervisor:
     HEALTH_TIMEOUT_S = 30.0
 
     def __init__(self, *, engines: list[Any], engine_urls: list[str], learners: LearnerGroup, base_weights: str,
-                 restart_weights: Path, spawn_worker: SpawnWorker):
-        self.engines, self.engine_urls, self.learners = engines, engine_urls, learners
+                 restart_weights: Path, spawn_worker: SpawnWorker, buffer: Any = None,
+                 probe_timeout_s: float = 20.0):
+        self.engines, self.engine_urls, self.learners, self.buffer = engines, engine_urls, learners, buffer
+        # alive() may take a probe, then a /stats read, before it answers
+        self.engine_timeout_s = 2 * probe_timeout_s + self.HEALTH_TIMEOUT_S
         self.base_weights, self.restart_weights, self.spawn_worker = base_weights, restart_weights, spawn_worker
         self.engine_status = [EngineStatus.UP] * len(engines)
         self.workers: list[Any] = []
@@ -76,8 +95,24 @@ class Supervisor:
         self.worker_status = [WorkerStatus.RUNNING] * len(self.workers)
 
     def check(self, version: int) -> None:
+        self.check_buffer()
         self.check_workers(version)
         self.check_engines()
+
+    # ------------------------------------------------------------------ the buffer
+
+    def check_buffer(self) -> None:
+        """Raise BufferFailed if the buffer's service stopped with an error or its actor is gone."""
+        if self.buffer is None:
+            return
+        try:
+            err = ray.get(self.buffer.health.remote(), timeout=self.HEALTH_TIMEOUT_S)
+        except Exception as e:  # RayActorError, GetTimeoutError
+            raise BufferFailed(f"replay buffer actor is gone or not answering: {e!r}; resume with "
+                               "trainer.resume=auto") from None
+        if err is not None:
+            raise BufferFailed(f"replay buffer stopped: {err}; its log holds every acknowledged record: fix "
+                               "the cause and resume with trainer.resume=auto")
 
     # ------------------------------------------------------------------ rollout workers
 
@@ -105,7 +140,7 @@ class Supervisor:
 
     def check_engines(self) -> None:
         for i, e in enumerate(self.engines):
-            up = _quietly(lambda: ray.get(e.alive.remote(), timeout=self.HEALTH_TIMEOUT_S))
+            up = _quietly(lambda: ray.get(e.alive.remote(), timeout=self.engine_timeout_s))
             self.engine_status[i] = EngineStatus.UP if up else EngineStatus.DOWN
         down = [i for i, s in enumerate(self.engine_status) if s is EngineStatus.DOWN]
         if not down:

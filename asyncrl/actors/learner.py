@@ -43,7 +43,8 @@ class LearnerActor:
 
     def setup(self, buffer: Optional[BufferEndpoint], threads: Optional[int] = None) -> int:
         import torch
-        import torch.distributed as dist
+
+        from asyncrl.learner.distributed import init_distributed
 
         if threads:
             torch.set_num_threads(threads)  # Ray leaves an actor one thread (OMP_NUM_THREADS=1)
@@ -52,9 +53,8 @@ class LearnerActor:
         from asyncrl.learner.worker import LearnerWorker
 
         registry.load_all(self.cfg.plugins)
-        if self.world_size > 1 and not dist.is_initialized():
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
+        init_distributed(self.rank, self.world_size, "cuda" if torch.cuda.is_available() else "cpu",
+                         timeout_s=self.cfg.trainer.learner_timeout_s)
         self.worker = LearnerWorker(self.cfg, rank=self.rank, world_size=self.world_size)
         if self.rank == 0 and buffer is not None:
             from asyncrl.buffer.client import BufferConsumer

@@ -11,13 +11,16 @@ max_user_turns counts interaction (simulated user) turns; tool results are not u
 
 finish_reason: "stop" (the model ended, the interaction said done), "length" (token budget),
 "max_turns", "invalid_calls" (max_consecutive_invalid_calls in a row), "abort" (engine aborted).
-Trajectory.reward is the env reward function's score; interaction scores go to turn_rewards.
+Trajectory.reward is the env reward function's score; interaction scores go to turn_rewards. A
+reward that is not finite fails the episode (`NonFiniteRewardError`, naming the function and the uid;
+the rollout worker counts it and reports the episode failed, never retries it).
 metrics: tool counters (see tool_runner), assistant_turns, user_turns, response_tokens,
 generated_tokens, plus the reward function's extra numeric outputs under "reward/<key>".
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +30,7 @@ from asyncrl import registry
 from asyncrl.config import AgentConfig, ToolSpec
 from asyncrl.engine.base import GenerateResult, Generator, SamplingParams
 from asyncrl.env_api import Sample, score
-from asyncrl.schema import Trajectory
+from asyncrl.schema import NonFiniteRewardError, Trajectory
 from asyncrl.tooling.loader import make_tools
 
 from .chat import ChatFormat
@@ -157,6 +160,9 @@ class Episode:
         reward, extra = await score(ctx.reward_fn, final_text=final_text, ground_truth=s.ground_truth,
                                     extra_info=s.extra_info, tool_rewards=list(self.tool_rewards),
                                     turn_rewards=list(self.turn_rewards))
+        if not math.isfinite(reward):
+            name = getattr(ctx.reward_fn, "__qualname__", None) or type(ctx.reward_fn).__qualname__
+            raise NonFiniteRewardError(f"reward function {name} returned {reward} for {s.uid}")
         metrics = {k: float(v) for k, v in self.metrics.items()}
         metrics.update({f"reward/{k}": v for k, v in extra.items()})
         metrics.update(assistant_turns=float(self.assistant_turns), user_turns=float(self.user_turns),

@@ -30,6 +30,10 @@ class BufferActor:
     def address(self) -> str:
         return self._addr
 
+    def health(self) -> str | None:
+        """None while the service runs; the error that stopped it (e.g. a failed log write) otherwise."""
+        return self._svc.health()
+
     def stats(self) -> dict:
         return self._client.stats()
 

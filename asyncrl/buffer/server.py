@@ -19,6 +19,11 @@ With CURVE keys (`asyncrl.buffer.keys`), a ZAP handler in the service's own cont
 admits only the allow-listed producer and consumer public keys and names each connection's role;
 `_handle` answers a request outside its role's `ROLE_OPS` with ERR. A non-loopback bind without
 CURVE is refused (`check_bind`).
+
+Fatal errors (a failed log write or fsync: disk full, I/O error; a bug): the loop stops applying
+requests, keeps the error (`error`, `health()`) and from then on answers every request, the ones
+waiting for an ack or a batch included, with ERR "buffer stopped: <error>" (never an ack: what was not
+logged is not acknowledged). Nobody waits on silence; the controller reads `health()` and stops the run.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from zmq.utils import z85
 from asyncrl.buffer import protocol as P
 from asyncrl.buffer.keys import BufferKeys, curve_enabled, is_loopback
 from asyncrl.buffer.store import BufferState, Entry
-from asyncrl.buffer.wal import WriteAheadLog, frame_parts
+from asyncrl.buffer.wal import WalError, WriteAheadLog, frame_parts
 from asyncrl.config import BufferConfig
 from asyncrl.schema import SchemaError, Trajectory
 
@@ -134,6 +139,7 @@ class BufferService:
         self._in_sync: list[list[bytes]] = []
         self._after_sync: list[list[bytes]] = []  # replies waiting for the next fsync
         self._need_sync = False
+        self._round: list[list[bytes]] = []  # the replies of the round being written
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ctx: zmq.Context | None = None
@@ -188,7 +194,8 @@ class BufferService:
             self._thread.join(timeout=10)
             self._thread = None
         if self._sock is not None:
-            self._sock.close(linger=0)
+            # after a failure, the refusals already queued still go out (up to 1 s); otherwise drop at once
+            self._sock.close(linger=1000 if self.error is not None else 0)
             self._sock = None
         if self._auth is not None:
             self._auth.stop()
@@ -197,12 +204,6 @@ class BufferService:
             self._ctx.term()
             self._ctx = None
         self.wal.close()
-
-    def join(self) -> None:
-        while self._thread is not None and self._thread.is_alive():
-            self._thread.join(timeout=0.5)
-        if self.error is not None:
-            raise RuntimeError(f"replay buffer loop failed: {self.error!r}") from self.error
 
     def _replay(self) -> None:
         """Rebuild the state from the log, then compact the log to that state."""
@@ -235,12 +236,44 @@ class BufferService:
 
     # ------------------------------------------------------------------ the loop
 
+    def health(self) -> str | None:
+        """None while serving; the error that stopped the service otherwise."""
+        return None if self.error is None else _describe(self.error)
+
     def _run(self) -> None:
         try:
             self._loop()
         except BaseException as e:
-            self.error = e
             log.exception("replay buffer loop died")
+            try:
+                self._refuse_all(e)
+            except Exception:
+                log.exception("replay buffer: answering after the failure failed too")
+            finally:
+                self.error = e
+
+    def _refuse_all(self, e: BaseException) -> None:
+        """After a fatal error `e`: publish it (`error`, `health()`), answer every waiting request with ERR
+        naming it, then every new request the same way until stopped (`stop` lingers so they go out)."""
+        self.error = e
+        msg = f"buffer stopped: {_describe(e)}".encode()[:1000]
+        waiting = self._in_sync + self._after_sync + [[p.ident, p.req_id] for p in self._parked.values()]
+        waiting += [r for r in self._round if not any(r is w for w in waiting)]
+        self._in_sync, self._after_sync, self._parked, self._round = [], [], {}, []
+        self._send([[r[0], r[1], P.ERR, msg] for r in waiting])
+        sock = self._sock
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(50):
+                continue
+            while True:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                req_id = frames[1] if len(frames) > 1 and len(frames[1]) <= 64 else b""
+                self._send([[frames[0], req_id, P.ERR, msg]])
 
     def _loop(self) -> None:
         sock = self._sock
@@ -263,6 +296,7 @@ class BufferService:
             for m in msgs:
                 self._handle(m, records, replies)
             self._answer_parked(records, replies)
+            self._round = replies  # what a failure below leaves unanswered (_refuse_all answers it)
             if self.wal.policy == "batched":
                 self._group_commit(records, replies)
                 continue
@@ -285,7 +319,7 @@ class BufferService:
         else:
             self._send(replies)
         if self._sync_fut is not None and self._sync_fut.done():
-            self._sync_fut.result()  # an fsync error ends the loop loudly (join() re-raises it)
+            self._sync_fut.result()  # an fsync error ends the loop loudly (health() reports it)
             self._send(self._in_sync)
             self._in_sync, self._sync_fut = [], None
         if self._sync_fut is None and (self._need_sync or self._after_sync):
@@ -461,6 +495,10 @@ class BufferService:
                 "wal_bytes_written": self.wal.bytes_written, "wal_fsyncs": self.wal.fsyncs}
 
 
+def _describe(e: BaseException) -> str:
+    return str(e) if isinstance(e, WalError) else f"{type(e).__name__}: {e}"
+
+
 def serve_forever(cfg: BufferConfig, wal_dir, max_staleness: int, keys: BufferKeys | None = None) -> None:
     """Run the service in this process until SIGINT/SIGTERM (used by `asyncrl buffer` and tests).
     Prints one line ``BUFFER_ADDRESS tcp://host:port`` on stdout once it serves."""
@@ -479,4 +517,4 @@ def serve_forever(cfg: BufferConfig, wal_dir, max_staleness: int, keys: BufferKe
     finally:
         svc.stop()
     if svc.error is not None:
-        raise RuntimeError(f"replay buffer loop failed: {svc.error!r}") from svc.error
+        raise RuntimeError(f"replay buffer stopped: {svc.health()}") from svc.error

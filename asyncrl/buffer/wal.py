@@ -28,7 +28,13 @@ FSYNC_POLICIES = ("each", "batched", "off")
 
 
 class WalError(RuntimeError):
-    """The log cannot be opened or written (bad directory, bad policy)."""
+    """The log cannot be opened or written (bad directory, bad policy, a failed write or fsync)."""
+
+
+def _io_error(what: str, e: OSError, path: Path) -> WalError:
+    """`e` as a WalError naming the log file and the errno: 'buffer log write failed: [Errno 28] No space
+    left on device: '/out/buffer/buffer.wal''."""
+    return WalError(f"buffer log {what} failed: {OSError(e.errno, e.strerror, str(path))}")
 
 
 def frame_parts(kind: int, payload) -> tuple[bytes, object]:
@@ -117,7 +123,10 @@ class WriteAheadLog:
         framed record (bytes) or a (header, payload) pair from `frame_parts`."""
         if self._fd is None:
             raise WalError("write-ahead log is not open")
-        total = self._write(frames)
+        try:
+            total = self._write(frames)
+        except OSError as e:
+            raise _io_error("write", e, self.path) from e
         if self.policy == "each" and total:
             self.sync(force=True)
 
@@ -145,7 +154,7 @@ class WriteAheadLog:
     def sync(self, force: bool = False) -> None:
         """Make appended records durable if the policy asks for it (``batched``; ``each`` does it per record)."""
         if self._fd is not None and self._dirty and (force or self.policy == "batched"):
-            os.fsync(self._fd)
+            self._fsync()
             self.fsyncs += 1
             self._dirty = False
 
@@ -156,14 +165,22 @@ class WriteAheadLog:
             raise WalError("write-ahead log is not open")
         self._dirty = False
         self.fsyncs += 1
-        return self._executor().submit(os.fsync, self._fd)
+        return self._executor().submit(self._fsync)
+
+    def _fsync(self) -> None:
+        try:
+            os.fsync(self._fd)
+        except OSError as e:
+            raise _io_error("fsync", e, self.path) from e
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
         if self._fd is not None:
-            if self._dirty and self.policy != "off":
-                os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = None
+            try:
+                if self._dirty and self.policy != "off":
+                    self._fsync()
+            finally:
+                os.close(self._fd)
+                self._fd = None

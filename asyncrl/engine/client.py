@@ -16,7 +16,9 @@ their first 32 characters, which a prefix cannot. The caller's rid is kept for t
 Retries: a connection/transport error or a 5xx reply is retried up to `max_retries` times with
 exponential backoff and a fresh rid; after a read timeout the old rid is aborted first (best
 effort), so the engine does not go on generating for nobody. 4xx replies raise
-`EngineRequestError` at once. A cancelled `generate` aborts its request on the engine.
+`EngineRequestError` at once. A cancelled `generate` aborts its request on the engine. The defaults
+(engine.request_timeout_s=180, max_retries=2) give up on an engine that accepts connections but never
+answers after 3 x 180 s + backoff, about 9 minutes; a refused connection fails in under 2 s.
 
 Versions: SGLang answers `meta_info.weight_versions`, spans [{"version": str, "start", "end"}]
 (end exclusive) covering the output; the client expands them to one int per output token and
@@ -134,9 +136,9 @@ class EngineClient:
         self,
         urls: Sequence[str] | str,
         *,
-        timeout_s: float = 600.0,
+        timeout_s: float = 180.0,
         connect_timeout_s: float = 10.0,
-        max_retries: int = 3,
+        max_retries: int = 2,
         backoff_s: float = 0.2,
         max_connections: int = 256,
         max_sessions: int = 100_000,

@@ -13,11 +13,15 @@ Reply (as SGLang's TokenizerManager builds it, srt/utils/weight_versions.py):
      {version, 0, 0} for an empty output), ("output_token_times": [...], an asyncrl extension sent
      only when the request asks for it with return_token_times)}}
 `parse_request` raises `BadRequest` naming the offending field and value; the server answers 400.
+Every sampling value is checked here, before the request reaches the scheduler: non-finite numbers
+(Python's json reads NaN and Infinity), out-of-range values, wrong types. A request that passes
+cannot fail a step of the running batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +33,9 @@ _SAMPLING_KEYS = {
     # accepted and ignored (SGLang clients send them):
     "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "n", "stop",
 }
+
+
+MIN_TEMPERATURE = 1e-6  # below it (and above 0) a temperature is refused: SGLang treats it as greedy
 
 
 class BadRequest(ValueError):
@@ -72,7 +79,15 @@ def _num(sp: dict, key: str, kind: type, default: Any) -> Any:
         raise BadRequest(f"sampling_params.{key} must be an integer, got {v!r}")
     if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
         raise BadRequest(f"sampling_params.{key} must be a number, got {v!r}")
-    return kind(v)
+    if kind is int:
+        return v
+    try:
+        x = float(v)
+    except OverflowError:  # an integer too large for a float
+        x = math.inf
+    if not math.isfinite(x):  # Python's json reads NaN and Infinity
+        raise BadRequest(f"sampling_params.{key} must be a finite number, got {v!r:.40}")
+    return x
 
 
 def parse_request(body: Any, vocab_size: int) -> GenRequest:
@@ -107,6 +122,8 @@ def parse_request(body: Any, vocab_size: int) -> GenRequest:
         raise BadRequest(f"sampling_params.sampling_seed must be in [-2**63, 2**63 - 1], got {r.sampling_seed}")
     if r.temperature < 0:
         raise BadRequest(f"sampling_params.temperature must be >= 0, got {r.temperature}")
+    if 0 < r.temperature < MIN_TEMPERATURE:  # logits / T would overflow to inf: no distribution to draw from
+        raise BadRequest(f"sampling_params.temperature must be 0 (greedy) or >= {MIN_TEMPERATURE}, got {r.temperature}")
     if not 0 < r.top_p <= 1:
         raise BadRequest(f"sampling_params.top_p must be in (0, 1], got {r.top_p}")
     if r.top_k == 0 or r.top_k < -1:

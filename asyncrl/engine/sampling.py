@@ -24,6 +24,7 @@ T == 0.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -31,8 +32,8 @@ import torch
 
 def effective_temperature(temperature: float) -> float:
     """The T of the logprob definition: the request's temperature, or 1 for greedy (T == 0)."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
     return 1.0 if temperature == 0 else float(temperature)
 
 
@@ -48,8 +49,9 @@ def token_logprobs(
     if isinstance(temperature, torch.Tensor):
         t = temperature.to(device=x.device, dtype=torch.float32)
         t = torch.where(t == 0, torch.ones_like(t), t)
-        if (t < 0).any():
-            raise ValueError(f"temperature must be >= 0, got {t.min().item()}")
+        if not bool(torch.isfinite(t).all()) or bool((t < 0).any()):
+            bad = t[~torch.isfinite(t) | (t < 0)][0].item()
+            raise ValueError(f"temperature must be a finite number >= 0, got {bad}")
         x = x / t.unsqueeze(-1)
     else:
         x = x / effective_temperature(float(temperature))

@@ -1,9 +1,10 @@
 """EngineCore: owns the model, the request queue and the continuous-batching decode loop.
 
 One asyncio task runs the loop. Each iteration, under `self.lock`:
-  1. admit waiting requests (FIFO) while running < max_running_seqs and the running tokens
-     (prompt + generated) stay <= max_running_tokens, at most `prefill_tokens_per_step` prompt
-     tokens per iteration (the first admission is always allowed);
+  1. admit one-token requests (liveness probes: they end at their prefill and take no running
+     slot) first, then waiting requests (FIFO) while running < max_running_seqs and the running
+     tokens (prompt + generated) stay <= max_running_tokens, at most `prefill_tokens_per_step`
+     prompt tokens per iteration (the first admission is always allowed);
   2. prefill each admitted request in its own forward (logits of the last position only), draw
      its first token, and merge its KV cache into the running batch (`KVBatch.merge`);
   3. one decode forward for all running rows together (left-padded cache, 2-D mask, per-row
@@ -12,6 +13,9 @@ One asyncio task runs the loop. Each iteration, under `self.lock`:
      replies are sent; the others continue. Nobody waits for the longest sequence.
 Forwards run in a worker thread (`asyncio.to_thread`) so the HTTP server stays responsive.
 `apply_weights` takes the same lock, so it never overlaps a forward.
+A forward that raises answers the requests it held with an error (HTTP 500) and the loop goes on: a
+failed prefill fails only its own request, a failed decode the running batch; no request is left
+unanswered. (Sampling values are validated at parse time, so a well-formed request never does this.)
 
 Versions: every drawn token records `weight_version` at the step that produced it; the reply
 reports them as SGLang's `weight_versions` spans (protocol.build_reply).
@@ -198,13 +202,21 @@ class EngineCore:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            admitted: list[GenRequest] = []
             try:
                 async with self.lock:
                     if self.paused:
                         continue
                     self._reap()
-                    for req in self._admit():
-                        await asyncio.to_thread(self._prefill, req)
+                    admitted = self._admit()
+                    while admitted:
+                        req = admitted[0]
+                        try:
+                            await asyncio.to_thread(self._prefill, req)
+                        except Exception as e:  # this request's own forward failed: it alone fails
+                            log.exception("prefill of request %s failed", req.rid)
+                            self._fail([req], e)
+                        admitted.pop(0)
                         if req.finished:
                             self._resolve(req)
                     if self.running:
@@ -212,24 +224,39 @@ class EngineCore:
                         self._reap()
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # a forward failed: fail the running requests loudly, keep serving
+            except Exception as e:  # a batch forward failed: answer every request it held, keep serving
                 log.exception("engine step failed")
-                for r in self.running:
-                    if not r.future.done():
-                        r.future.set_exception(RuntimeError(f"engine step failed: {e!r}"))
-                    self.live.pop(r.rid, None)
+                self._fail(self.running + admitted, e)
                 self.running, self.batch = [], None
             await asyncio.sleep(0)
 
+    def _fail(self, reqs: list[GenRequest], e: BaseException) -> None:
+        """Answer `reqs` with an error (HTTP 500, which a client retries); never leave one unanswered."""
+        for r in reqs:
+            self.live.pop(r.rid, None)
+            if r.future is not None and not r.future.done():
+                r.future.set_exception(RuntimeError(f"engine step failed: {e!r}"))
+
     def _admit(self) -> list[GenRequest]:
+        """Requests to prefill this step. A one-token request (a liveness probe) ends at its prefill and
+        holds no running slot, so it goes first, whatever the running batch: a busy engine answers a
+        probe at its next step boundary. The others: FIFO within the slot and token budgets."""
         out: list[GenRequest] = []
-        tokens = sum(len(r.input_ids) + len(r.output_ids) for r in self.running)
         budget = self.prefill_tokens_per_step
-        while self.waiting and len(self.running) + len(out) < self.max_running_seqs:
+        for r in [r for r in self.waiting if r.max_new_tokens == 1]:
+            if out and len(r.input_ids) > budget:
+                break
+            self.waiting.remove(r)
+            out.append(r)
+            budget -= len(r.input_ids)
+        slots = 0
+        tokens = sum(len(r.input_ids) + len(r.output_ids) for r in self.running)
+        while self.waiting and len(self.running) + slots < self.max_running_seqs:
             need = len(self.waiting[0].input_ids)
             if (self.running or out) and (tokens + need > self.max_running_tokens or need > budget):
                 break
             out.append(self.waiting.popleft())
+            slots += 1
             tokens += need
             budget -= need
         return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -24,8 +25,10 @@ def backend_for(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
-def init_distributed(rank: int, world_size: int, device: str = "cpu") -> None:
-    """Join the default process group (env:// rendezvous) unless already joined or world_size == 1."""
+def init_distributed(rank: int, world_size: int, device: str = "cpu", timeout_s: float | None = None) -> None:
+    """Join the default process group (env:// rendezvous) unless already joined or world_size == 1. A
+    collective that waits longer than `timeout_s` (a peer died or hangs) raises instead of waiting forever
+    (None: torch's default)."""
     if world_size <= 1 or dist.is_initialized():
         if dist.is_initialized() and dist.get_world_size() != world_size:
             raise RuntimeError(f"the default process group has {dist.get_world_size()} ranks, world_size={world_size}")
@@ -33,7 +36,8 @@ def init_distributed(rank: int, world_size: int, device: str = "cpu") -> None:
     for var in ("MASTER_ADDR", "MASTER_PORT"):
         if var not in os.environ:
             raise RuntimeError(f"world_size={world_size} needs {var} in the environment (set by the launcher)")
-    dist.init_process_group(backend_for(device), rank=rank, world_size=world_size)
+    dist.init_process_group(backend_for(device), rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s) if timeout_s else None)
 
 
 def _entry(rank: int, fn: Callable, world_size: int, port: int, args: tuple) -> None:

@@ -11,7 +11,12 @@ A training step (`train_step(batch)`), with every rank given the SAME batch:
      `micro_batch_tokens`, packed (one row, position_ids restarting per sequence) or padded;
      ranks with fewer micro-batches run zero-weight dummy ones so FSDP's collectives stay aligned;
   5. grad-norm clipping, AdamW, LR schedule (linear warmup, then constant or cosine to min_lr_ratio);
-     `version` += 1.
+     `version` += 1 if at least one optimizer step was taken.
+
+Numeric guard: an optimizer step whose loss (summed over ranks) or gradient norm (global) is not finite
+is skipped: gradients dropped, no optimizer or LR-scheduler step, counted (`learner/skipped_steps_nonfinite`,
+cumulative). Both values are the same on every rank, so the ranks skip together.
+`algorithm.max_nonfinite_steps` skipped steps in a row raise `NonFiniteTrainingError`, which stops the run.
 
 Logprobs follow the engine's definition (asyncrl.learner.logprobs) with T = agent.sampling.temperature.
 Parameters are float32 masters; on GPU the compute is bf16 (FSDP2 MixedPrecisionPolicy, or autocast
@@ -51,6 +56,10 @@ from asyncrl.secrets import shown_config
 from asyncrl.weight_sync.bucketing import iter_buckets
 
 
+class NonFiniteTrainingError(RuntimeError):
+    """Too many optimizer steps in a row had a non-finite loss or gradient norm."""
+
+
 def lr_lambda(warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float):
     """Multiplier of the base lr at optimizer step s (0-based): (s+1)/warmup during warmup, then 1
     (constant) or min + (1 - min) * 0.5 * (1 + cos(pi * progress)) (cosine) with progress in [0, 1]."""
@@ -86,7 +95,7 @@ class LearnerWorker:
 
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             self.device = f"cuda:{torch.cuda.current_device()}"
-        init_distributed(rank, world_size, self.device)
+        init_distributed(rank, world_size, self.device, timeout_s=cfg.trainer.learner_timeout_s)
         self.temperature = effective_temperature(cfg.agent.sampling.temperature)
         tok = load_tokenizer(cfg.model)
         self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0))
@@ -103,6 +112,8 @@ class LearnerWorker:
         )
         self.version = 0
         self.optimizer_steps = 0
+        self.skipped_nonfinite = 0  # optimizer steps skipped for a non-finite loss or grad norm, in all
+        self.nonfinite_in_row = 0
 
     # ------------------------------------------------------------------ model
 
@@ -226,6 +237,7 @@ class LearnerWorker:
         ratio_max = torch.zeros(1, dtype=torch.float64)
         lrs = []
         compute_tokens = 0
+        stepped = 0
         for _ in range(a.epochs):
             for mb_idx in minibatches:
                 step_sums, step_max, ct = self._minibatch_update(mb_idx, specs, behav, masks, adv, prox, ref)
@@ -233,9 +245,12 @@ class LearnerWorker:
                 ratio_max = torch.maximum(ratio_max, step_max)
                 compute_tokens += ct
                 lrs.append(self.optimizer.param_groups[0]["lr"])
-                gn = self._clip_and_step()
-                sums[7] += gn
-        self.version += 1
+                gn = self._clip_and_step(float(step_sums[0]), getattr(batch, "batch_id", "?"))
+                if gn is not None:
+                    sums[7] += gn
+                    stepped += 1
+        if stepped:
+            self.version += 1
         n_steps = a.epochs * len(minibatches)
         tokens = float(sum(int(m.sum()) for m in masks))
         seconds = time.perf_counter() - t0
@@ -248,7 +263,8 @@ class LearnerWorker:
             "learner/clip_frac": float(sums[4] / max(sums[6], 1)),
             "learner/ratio_mean": float(sums[5] / max(sums[6], 1)),
             "learner/ratio_max": float(ratio_max),
-            "learner/grad_norm": float(sums[7]) / n_steps,
+            "learner/grad_norm": float(sums[7]) / max(stepped, 1),
+            "learner/skipped_steps_nonfinite": float(self.skipped_nonfinite),
             "learner/lr": lrs[-1],
             "learner/adv_mean": float(adv.mean()), "learner/adv_std": float(adv.std()) if n_traj > 1 else 0.0,
             "learner/adv_min": float(adv.min()), "learner/adv_max": float(adv.max()),
@@ -314,16 +330,31 @@ class LearnerWorker:
             dist.all_reduce(rmax, op=dist.ReduceOp.MAX)
         return sums, rmax, compute_tokens
 
-    def _clip_and_step(self) -> float:
+    def _clip_and_step(self, loss: float, batch_id: object) -> float | None:
+        """Clip and take the optimizer step; the grad norm. None (step skipped, gradients dropped) if the
+        loss or the grad norm is not finite; NonFiniteTrainingError after max_nonfinite_steps in a row."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.algo.grad_clip if self.algo.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
+        norm = float(norm)
+        if not (math.isfinite(loss) and math.isfinite(norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_nonfinite += 1
+            self.nonfinite_in_row += 1
+            if self.nonfinite_in_row >= self.algo.max_nonfinite_steps:
+                raise NonFiniteTrainingError(
+                    f"{self.nonfinite_in_row} optimizer steps in a row had a non-finite loss or gradient norm "
+                    f"(last: loss={loss}, grad_norm={norm}, batch {batch_id}; algorithm.max_nonfinite_steps="
+                    f"{self.algo.max_nonfinite_steps}): the run stops. Look at that batch's rewards and logprobs, "
+                    "or lower algorithm.lr")
+            return None
+        self.nonfinite_in_row = 0
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer_steps += 1
-        return float(norm)
+        return norm
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -39,7 +39,7 @@ from asyncrl.env_api import Sample
 from asyncrl.job_state import EpisodeError, RolloutPosition, RolloutState
 from asyncrl.rollout.admission import StalenessGate
 from asyncrl.rollout.prompts import PromptDraw, PromptSource, parse_group_id
-from asyncrl.schema import Trajectory
+from asyncrl.schema import NonFiniteRewardError, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,8 @@ class RolloutWorker:
         # state() names them even before run() has re-issued them
         self.inflight: dict[int, PromptDraw] = {p: self.source.at(p, self.retries.get(p, 0))
                                                 for p in position.inflight_positions}
-        self.counts = {"episodes": 0, "episode_errors": 0, "episodes_failed": 0, "groups_started": 0,
+        self.counts = {"episodes": 0, "episode_errors": 0, "episodes_failed": 0, "reward_nonfinite": 0,
+                       "groups_started": 0,
                        "groups_done": 0, "groups_dropped": 0, "prompts_reissued": 0, "reward_sum": 0.0}
         self.errors = ErrorTally()
         self.recent_failed: deque[bool] = deque(maxlen=cfg.trainer.failed_episode_window)
@@ -241,6 +242,11 @@ class RolloutWorker:
                 except Exception as e:  # engine down, agent-loop bug: counted, retried, then reported
                     self.counts["episode_errors"] += 1
                     error = e
+                    if isinstance(e, NonFiniteRewardError):  # the reward's verdict: no retry, reported failed
+                        self.counts["reward_nonfinite"] += 1
+                        log.warning("episode %s failed: %s", sample.uid, e)
+                        attempt = self.EPISODE_ATTEMPTS
+                        continue
                     if engine_unreachable(e) and outage_s < self.cfg.engine.launch_timeout_s:
                         # the controller is restarting the engine: wait for it without using up attempts
                         log.warning("episode %s: engine unreachable (%s); retrying", sample.uid, e)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,12 +75,18 @@ def _environ(p: psutil.Process) -> dict[str, str]:
         return {}
 
 
-def _kill_one(proc: subprocess.Popen, needle: str) -> int:
-    """SIGKILL the one process under `proc` whose command line contains `needle`; its pid.
+def _find(proc: subprocess.Popen, needle: str, n: int = 1) -> list[psutil.Process]:
+    """The `n` processes under `proc` whose command line contains `needle` (asserted: exactly n).
     Never looks outside the run's own process tree, so no other process on the host is touched."""
     found = [p for p in _tree(proc) if needle in _cmdline(p)]
-    assert len(found) == 1, f"expected exactly one {needle!r} under pid {proc.pid}, found " \
+    assert len(found) == n, f"expected exactly {n} {needle!r} under pid {proc.pid}, found " \
                             f"{[(p.pid, _cmdline(p)) for p in found]}"
+    return found
+
+
+def _kill_one(proc: subprocess.Popen, needle: str) -> int:
+    """SIGKILL the one process under `proc` whose command line contains `needle`; its pid."""
+    found = _find(proc, needle)
     found[0].kill()
     found[0].wait(timeout=30)
     return found[0].pid
@@ -148,6 +155,55 @@ def test_async_run_survives_a_killed_rollout_worker_and_engine(tiny_model_dir, t
     recs = _check_run(out, 6, max_staleness=1)  # every batch full: no episode was given up on
     assert recs[-1]["faults/worker_restarts"] >= 1
     assert recs[-1]["faults/engine_restarts"] >= 1
+
+
+def _finish(proc: subprocess.Popen, timeout_s: float, what: str) -> str:
+    """The run's log once it exits by itself within `timeout_s` (else it is killed and the test fails)."""
+    try:
+        log, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc)
+        log, _ = proc.communicate()
+        pytest.fail(f"the run did not {what} within {timeout_s:.0f} s; its log ends:\n{log[-6000:]}")
+    return log
+
+
+def test_a_sigstopped_engine_is_detected_killed_and_replaced(tiny_model_dir, tmp_path):
+    """A hung engine (SIGSTOP: its process lives, its socket accepts, nothing answers) fails its one-token
+    liveness probes, is SIGKILLed and relaunched, and the run completes with full batches."""
+    out = tmp_path / "hung"
+    proc = _train(_overrides(tiny_model_dir, out, **{"trainer.total_steps": 5, "trainer.weight_sync.timeout_s": 20,
+                                                     "engine.probe_timeout_s": 5, "engine.probe_failures": 2}),
+                  wait=False)
+    try:
+        _wait_steps(out, 1)
+        hung = _find(proc, "asyncrl.engine.cli serve")[0]
+        hung.send_signal(signal.SIGSTOP)
+        log = _finish(proc, 300, "finish after the engine was stopped")
+    finally:
+        if proc.poll() is None:
+            _kill_tree(proc)
+    assert proc.returncode == 0, log[-4000:]
+    assert "failed 2 liveness probes in a row" in log
+    assert not hung.is_running() or hung.status() == psutil.STATUS_ZOMBIE  # killed, not left stopped
+    recs = _check_run(out, 5, max_staleness=1)  # steps 3-5 need groups generated after the replacement
+    assert recs[-1]["faults/engine_restarts"] >= 1
+
+
+def test_a_killed_learner_rank_stops_the_run_with_a_resume_hint(tiny_model_dir, tmp_path):
+    out = tmp_path / "lost_rank"
+    proc = _train(_overrides(tiny_model_dir, out, **{"trainer.learner_ranks": 2, "trainer.total_steps": 50}),
+                  wait=False)
+    try:
+        _wait_steps(out, 1)
+        _find(proc, "ray::LearnerActor", n=2)[-1].kill()
+        log = _finish(proc, 300, "stop after a learner rank was killed")
+    finally:
+        if proc.poll() is None:
+            _kill_tree(proc)
+    assert proc.returncode not in (0, None), log[-4000:]
+    assert re.search(r"LearnerRankLost: learner rank [01] died \(.*\): the run stops; resume from the last "
+                     r"checkpoint with trainer.resume=auto", log), log[-4000:]
 
 
 def test_sync_baseline_runs_on_the_same_components(tiny_model_dir, tmp_path):

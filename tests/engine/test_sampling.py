@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 
+from asyncrl.engine.protocol import BadRequest, parse_request
 from asyncrl.engine.sampling import effective_temperature, sample_row, token_logprobs, truncate_logits
 
 
@@ -33,11 +35,40 @@ def test_token_logprobs_is_float32_and_ignores_truncation():
     assert lp.item() == pytest.approx(3 - math.log(math.e**4 + math.e**3 + 1), abs=1e-5)
 
 
-def test_negative_temperature_is_refused():
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
-        effective_temperature(-0.1)
-    with pytest.raises(ValueError, match="temperature"):
-        token_logprobs(torch.zeros(1, 3), torch.tensor([0]), torch.tensor([-1.0]))
+@pytest.mark.parametrize("bad", [-0.1, math.nan, math.inf, -math.inf])
+def test_negative_or_non_finite_temperature_is_refused(bad):
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+        effective_temperature(bad)
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+        token_logprobs(torch.zeros(2, 3), torch.tensor([0, 0]), torch.tensor([1.0, bad]))
+
+
+@pytest.mark.parametrize("raw,needle", [
+    ('{"temperature": NaN}', "sampling_params.temperature must be a finite number, got nan"),
+    ('{"temperature": Infinity}', "sampling_params.temperature must be a finite number, got inf"),
+    ('{"top_p": NaN}', "sampling_params.top_p must be a finite number"),
+    ('{"top_p": -Infinity}', "sampling_params.top_p must be a finite number"),
+    ('{"temperature": 1e999}', "sampling_params.temperature must be a finite number"),
+    ('{"temperature": ' + str(10**400) + '}', "sampling_params.temperature must be a finite number"),
+    ('{"temperature": 1e-300}', "sampling_params.temperature must be 0 (greedy) or >= 1e-06"),
+    ('{"top_p": 1.5}', "sampling_params.top_p must be in (0, 1]"),
+    ('{"top_k": 2.5}', "sampling_params.top_k must be an integer"),
+    ('{"max_new_tokens": NaN}', "sampling_params.max_new_tokens must be an integer"),
+])
+def test_parse_request_refuses_hostile_sampling_values(raw, needle):
+    """JSON as Python's json reads it (NaN, Infinity and 1e999 are accepted by the decoder): every bad
+    value is refused at parse time, naming the field, before anything reaches the scheduler."""
+    body = json.loads('{"input_ids": [1, 2], "sampling_params": ' + raw + '}')
+    with pytest.raises(BadRequest) as e:
+        parse_request(body, vocab_size=100)
+    assert needle in str(e.value)
+
+
+def test_parse_request_accepts_the_edges():
+    body = {"input_ids": [1], "sampling_params": {"temperature": 0, "top_p": 1, "top_k": -1}}
+    r = parse_request(body, vocab_size=100)
+    assert (r.temperature, r.top_p, r.top_k) == (0.0, 1.0, -1)
+    assert parse_request({"input_ids": [1], "sampling_params": {"temperature": 1e-6}}, 100).temperature == 1e-6
 
 
 def test_truncate_top_k_and_top_p():

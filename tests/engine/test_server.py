@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 
 import pytest
 
@@ -248,3 +250,65 @@ async def test_abort_matches_rids_by_prefix_like_sglang(engine):
     await post(engine.url, "/abort_request", {"rid": "other-t1"})
     await post(engine.url, "/continue_generation", {})
     assert (await tasks["other-t1"]).json()["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+@pytest.mark.timeout(120)
+async def test_nan_temperature_gets_400_and_requests_in_flight_complete(engine):
+    """JSON NaN (which Python's json accepts) is refused at parse time with a 400 naming the field;
+    the requests already in the running batch are untouched and finish normally."""
+    before = (await stats(engine.url))["tokens_out"]
+    running = [asyncio.create_task(generate(engine.url, [7, 7, i + 1], temperature=1.0, sampling_seed=i,
+                                            max_new_tokens=12, min_new_tokens=12)) for i in range(3)]
+    await wait_tokens(engine.url, before + 3)
+    for raw, field in ((b'{"input_ids": [1, 2], "sampling_params": {"temperature": NaN}}', "temperature"),
+                       (b'{"input_ids": [1, 2], "sampling_params": {"top_p": Infinity}}', "top_p")):
+        r = await post(engine.url, "/generate", raw)
+        assert r.status_code == 400, r.text
+        assert f"sampling_params.{field} must be a finite number" in r.json()["error"]
+    for out in await asyncio.gather(*running):
+        assert out["meta_info"]["finish_reason"]["type"] == "length"
+        assert len(out["output_ids"]) == 12
+
+
+@pytest.mark.timeout(180)
+async def test_one_token_probe_is_answered_while_the_batch_is_full(engine):
+    """A one-token request (the supervisor's liveness probe) ends at its prefill, so it is admitted at the
+    next step boundary even while every running slot is taken and requests wait in the queue."""
+    body = dict(temperature=0, max_new_tokens=3000, min_new_tokens=3000)
+    before = (await stats(engine.url))["tokens_out"]
+    hogs = [asyncio.create_task(post(engine.url, "/generate", gen_body([3, 3, i + 1], rid=f"hog-{i}", **body)))
+            for i in range(17)]  # the shared engine runs 16 at a time: one waits
+    await wait_tokens(engine.url, before + 16)
+    assert (await stats(engine.url))["waiting"] >= 1
+    probe = await generate(engine.url, [0], temperature=0, max_new_tokens=1)
+    assert len(probe["output_ids"]) == 1
+    assert (await stats(engine.url))["waiting"] >= 1  # answered ahead of the queue
+    await post(engine.url, "/abort_request", {"rid": "hog-"})
+    for h in hogs:
+        assert (await h).json()["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+@pytest.mark.timeout(240)
+def test_engine_watch_counts_probes_skips_paused_and_kills_a_stopped_engine(engine_model_dir):
+    """The supervisor's liveness check on a real engine process: a probe that a paused engine cannot
+    answer is not counted; a SIGSTOPped engine (alive to `poll`, answering nothing) fails its probes,
+    and at the limit its process group is SIGKILLed and the check answers False."""
+    import httpx
+
+    from asyncrl.actors.engine import EngineWatch
+    from asyncrl.engine.launcher import launch_embedded
+
+    proc = launch_embedded(engine_model_dir, max_running_seqs=4, threads=1, startup_timeout_s=120)
+    try:
+        watch = EngineWatch(proc, probe_timeout_s=3.0, max_failures=2)
+        assert watch.check() and watch.failures == 0
+        httpx.post(f"{proc.url}/pause_generation", json={"mode": "in_place"}, timeout=30)
+        assert watch.check() and watch.failures == 0  # the probe waited on the pause: not counted
+        httpx.post(f"{proc.url}/continue_generation", json={}, timeout=30)
+        os.kill(proc.pid, signal.SIGSTOP)
+        assert watch.check() and watch.failures == 1  # one failure is tolerated
+        assert not watch.check()  # the second: hung, killed
+        assert proc.proc.poll() == -signal.SIGKILL
+        assert not watch.check()
+    finally:
+        proc.stop()
