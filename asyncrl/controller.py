@@ -11,7 +11,7 @@ the watchdog (asyncrl/watchdog.py) judges progress: a run that trains nothing fo
 stops with a checkpoint (if a step was trained since the last one) and a diagnosis.
 
 Every run ends with a summary (printed, and `summary.json` in the output dir) and an exit status that
-says how it ended: 0 completed, nothing skipped; 3 completed, but prompts were skipped; 4 stopped by the
+says how it ended: 0 completed, nothing skipped; 3 completed, but prompts or optimizer steps were skipped; 4 stopped by the
 watchdog (the diagnosis is the last line on stderr); 128 + signum interrupted; 1 crashed (an exception);
 2 config error (before this module runs).
 """
@@ -123,10 +123,14 @@ def run(cfg: Config, rows: list[dict] | None = None) -> int:
 
 
 def settle(ending: dict[str, Any], counts: dict[str, Any]) -> dict[str, Any]:
-    """The run's summary: how it ended and what it did. A run that completed but skipped prompts exits 3."""
+    """The run's summary: how it ended and what it did. A run that completed but skipped prompts or optimizer
+    steps (non-finite loss or gradient norm) exits 3."""
     summary = {**ending, **counts}
-    if summary["exit_code"] == EXIT_OK and summary.get("prompts_skipped"):
-        summary.update(exit_code=EXIT_SKIPPED, exit_reason=f"completed, {summary['prompts_skipped']} prompts skipped")
+    skipped = [f"{summary[k]} {what} skipped" for k, what in (("prompts_skipped", "prompts"),
+                                                               ("optimizer_steps_skipped", "optimizer steps"))
+               if summary.get(k)]
+    if summary["exit_code"] == EXIT_OK and skipped:
+        summary.update(exit_code=EXIT_SKIPPED, exit_reason="completed, " + ", ".join(skipped))
     return summary
 
 

@@ -43,6 +43,7 @@ class Fleet:
     def __init__(self, cfg: Config, out: Path, rows: list[dict[str, Any]]):
         self.cfg, self.out, self.rows = cfg, out, rows
         self.step = self.last_checkpoint_step = 0
+        self.optimizer_steps_skipped = 0  # the learner's count of steps skipped for a non-finite loss/grad norm
         self.version = 0  # the learner's version as last published (set only by publish_version)
         self.buffer = None
         self.engines: list[Any] = []
@@ -183,6 +184,7 @@ class Fleet:
         return {"steps_trained": self.step, "total_steps": self.cfg.trainer.total_steps,
                 "episodes": buffer_count("received"), "episodes_failed": buffer_count("failed_reported"),
                 "prompts_skipped": sum(s.position.prompts_skipped for s in states),
+                "optimizer_steps_skipped": self.optimizer_steps_skipped,
                 "prompts_reissued": sum(s.prompts_reissued for s in states),
                 "groups_dropped_stale": buffer_count("groups_dropped_stale"),
                 "groups_dropped_failed": buffer_count("groups_dropped_failed"),
@@ -197,6 +199,7 @@ class Fleet:
     def train(self, batch: Any) -> StepResult:
         result = self.learners.train_step(batch)
         self.step += 1
+        self.optimizer_steps_skipped = int(result.metrics.get("learner/skipped_steps_nonfinite", 0))
         return result
 
     def sync_weights(self) -> dict[str, float]:

@@ -132,7 +132,7 @@ def test_supervisor_stops_the_run_when_the_buffer_actor_reports_its_error(tmp_pa
     if started:
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
-        actor = BufferActor.remote(BufferConfig(fsync="each"), str(tmp_path / "wal"), 0)
+        actor = BufferActor.remote(BufferConfig(fsync="each"), str(tmp_path / "wal"), 0, None)
         addr = ray.get(actor.address.remote())
         sup = Supervisor(engines=[], engine_urls=[], learners=None, base_weights="", restart_weights=tmp_path,
                          spawn_worker=None, buffer=actor)

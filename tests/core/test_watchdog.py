@@ -74,3 +74,11 @@ def test_the_exit_status_says_a_completed_run_skipped_prompts(code, skipped, exp
     summary = settle(ending, {"prompts_skipped": skipped, "steps_trained": 3})
     assert summary["exit_code"] == expected and summary["steps_trained"] == 3
     assert (summary["exit_reason"] == "completed, 2 prompts skipped") is (expected == 3)
+
+
+def test_skipped_optimizer_steps_also_make_a_completed_run_exit_3():
+    ending = {"exit_code": 0, "exit_reason": "completed", "diagnosis": ""}
+    summary = settle(ending, {"prompts_skipped": 1, "optimizer_steps_skipped": 2})
+    assert summary["exit_code"] == 3
+    assert summary["exit_reason"] == "completed, 1 prompts skipped, 2 optimizer steps skipped"
+    assert settle(ending, {"prompts_skipped": 0, "optimizer_steps_skipped": 0})["exit_code"] == 0
