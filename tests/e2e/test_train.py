@@ -278,12 +278,14 @@ def test_interrupt_checkpoints_then_stops_every_child(tiny_model_dir, tmp_path, 
 
 def test_every_episode_failing_stops_the_run_with_a_diagnosis(tiny_model_dir, tmp_path):
     """A reward plugin that raises on every episode: no batch can form. The watchdog stops the run (exit 4)
-    within its stall timeout, and the last line on stderr names the error and the row it came from."""
+    once its window of 8 episodes is all failures (the stall timeout is the backstop), and the last line
+    on stderr names the error and the row it came from."""
     reward = tmp_path / "broken_reward.py"
     reward.write_text("def score(**kw):\n    raise RuntimeError('reward backend unreachable')\n")
     out = tmp_path / "failing"
     res = _train(_overrides(tiny_model_dir, out, **{"env.reward.path": str(reward), "env.reward.name": "score",
-                                                     "trainer.stall_timeout_s": 60}))
+                                                     "trainer.stall_timeout_s": 120,
+                                                     "trainer.failed_episode_window": 8}))
     assert res.returncode == 4, res.stdout[-3000:] + res.stderr[-3000:]
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("asyncrl train: stopped: "), res.stderr[-3000:]
@@ -291,7 +293,7 @@ def test_every_episode_failing_stops_the_run_with_a_diagnosis(tiny_model_dir, tm
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["exit_code"], summary["steps_trained"], summary["episodes"]) == (4, 0, 0), summary
     assert summary["episodes_failed"] > 0 and summary["groups_dropped_failed"] > 0, summary
-    assert "stopped by the watchdog" in res.stdout, res.stdout[-2000:]
+    assert "stopped by the watchdog (failing)" in res.stdout, res.stdout[-2000:]
 
 
 def test_curve_run_writes_no_secret_to_its_output_dir_or_argv(tiny_model_dir, tmp_path, monkeypatch):
