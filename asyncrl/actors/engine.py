@@ -105,15 +105,18 @@ class EngineActor:
     def start(self, weight_version: int = 0) -> str:
         """Launch the server on `model_dir`, whose weights are policy version `weight_version`."""
         e = self.cfg.engine
+        logs = os.path.join(self.cfg.trainer.output_dir, "engines")  # kept with the run, one dir per launch
+        os.makedirs(logs, exist_ok=True)
         if e.type == "sglang":
-            self.proc = launch_sglang(self.model_dir, host=e.host, port=self.port, cfg=e, weight_version=weight_version)
+            self.proc = launch_sglang(self.model_dir, host=e.host, port=self.port, cfg=e, weight_version=weight_version,
+                                      log_dir=logs)
         else:
             self.proc = launch_embedded(
                 self.model_dir, host=e.host, port=self.port, device=e.device or default_device(),
                 dtype=_dtype(e.dtype), max_running_seqs=e.max_running_seqs, weight_version=weight_version,
                 startup_timeout_s=e.launch_timeout_s, threads=self.threads,
                 extra_env={"OMP_NUM_THREADS": str(self.threads)} if self.threads else None,
-                weights_dirs=run_weight_dirs(self.cfg),
+                weights_dirs=run_weight_dirs(self.cfg), log_dir=logs,
             )
         self.watch = EngineWatch(self.proc, e.probe_timeout_s, e.probe_failures)
         return self.proc.url

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,10 +40,15 @@ class EngineLaunchError(RuntimeError):
 
 
 class EngineProcess:
-    def __init__(self, url: str, proc: subprocess.Popen | None, log_path: str | None = None):
+    """A launched (or attached: `proc` None) server. `scratch`: a temporary directory of the launch (its
+    port file and log when no log_dir was given), removed once the process has exited on `stop`."""
+
+    def __init__(self, url: str, proc: subprocess.Popen | None, log_path: str | None = None,
+                 scratch: Path | None = None):
         self.url = url
         self.proc = proc
         self.log_path = log_path
+        self.scratch = scratch
 
     @property
     def pid(self) -> int | None:
@@ -60,6 +66,14 @@ class EngineProcess:
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Terminate the process group, kill it after `grace_s`; returns when it has exited."""
+        try:
+            self._end(grace_s)
+        finally:
+            if self.scratch is not None and (self.proc is None or self.proc.poll() is not None):
+                shutil.rmtree(self.scratch, ignore_errors=True)
+                self.scratch = None
+
+    def _end(self, grace_s: float) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
         try:
@@ -186,7 +200,7 @@ def launch_embedded(
         return None
 
     url = _wait(proc, url_of, startup_timeout_s, f"embedded engine (pid {proc.pid})", log_path)
-    return EngineProcess(url, proc, log_path)
+    return EngineProcess(url, proc, log_path, scratch=work if log_dir is None else None)
 
 
 def sglang_command(model_dir: str | Path, host: str, port: int, *, dtype: str = "auto", mem_fraction_static: float = 0.4,
@@ -255,7 +269,7 @@ def launch_sglang(
         _wait(proc, lambda: url, startup_timeout_s, f"sglang server (pid {proc.pid})", log_path)
     finally:
         keys.unlink(missing_ok=True)  # read at startup (a restart writes a new one)
-    return EngineProcess(url, proc, log_path)
+    return EngineProcess(url, proc, log_path, scratch=work if log_dir is None else None)
 
 
 def attach(urls: Sequence[str], timeout_s: float = 60.0) -> list[EngineProcess]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import stat
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,7 +25,9 @@ from asyncrl.engine.launcher import (
 @pytest.mark.timeout(120)
 def test_launch_port_zero_health_and_stop_frees_port(engine_model_dir):
     proc = launch_embedded(engine_model_dir, port=0, threads=1, weight_version=2, startup_timeout_s=120)
+    scratch = Path(proc.log_path).parent  # no log_dir given: a temporary directory of this launch
     try:
+        assert scratch.is_dir() and scratch.name.startswith("asyncrl-engine-")
         port = int(proc.url.rsplit(":", 1)[1])
         assert port > 0 and proc.alive() and isinstance(proc.pid, int)
         assert httpx.get(proc.url + "/health").json() == {"status": "ok"}
@@ -32,6 +35,7 @@ def test_launch_port_zero_health_and_stop_frees_port(engine_model_dir):
     finally:
         proc.stop()
     assert not proc.alive() and proc.proc.returncode is not None
+    assert not scratch.exists()  # removed with the process: repeated launches leave nothing in /tmp
     with socket.socket() as s:  # the port is free again
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
