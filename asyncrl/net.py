@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 
 
@@ -10,3 +11,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback IP literals (127.0.0.0/8, ::1, [::1]); every other host (names,
+    wildcards such as 0.0.0.0 or *, interface names) counts as exposed."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -15,7 +15,6 @@ keys never appear in a repr, so no log line or error message can carry one.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import stat
 from dataclasses import dataclass, field
@@ -25,24 +24,15 @@ from typing import Literal, Optional
 import zmq
 
 from asyncrl.config import BufferConfig
+from asyncrl.net import is_loopback
 
 Role = Literal["producer", "consumer"]
 ROLES: tuple[Role, ...] = ("producer", "consumer")
 KEY_FILES = ("server", *ROLES)  # <name>.key_secret in keys_dir
-_LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 
 class BufferKeyError(ValueError):
     """A key file or keys directory that must not be used (wrong permissions, not a z85 key)."""
-
-
-def is_loopback(host: str) -> bool:
-    if host in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # "*", "0.0.0.0"-like wildcards, interface names, host names
 
 
 def curve_enabled(cfg: BufferConfig) -> bool:

@@ -39,10 +39,11 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
 from asyncrl.buffer import protocol as P
-from asyncrl.buffer.keys import BufferKeys, curve_enabled, is_loopback
+from asyncrl.buffer.keys import BufferKeys, curve_enabled
 from asyncrl.buffer.store import BufferState, Entry
 from asyncrl.buffer.wal import WalError, WriteAheadLog, frame_parts
 from asyncrl.config import BufferConfig
+from asyncrl.net import is_loopback
 from asyncrl.schema import SchemaError, Trajectory
 
 log = logging.getLogger(__name__)

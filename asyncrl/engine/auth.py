@@ -21,13 +21,14 @@ to any other address (which needs a token: `check_bind`), only `/health*` is (SG
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import os
 import secrets
 import threading
 from collections.abc import Mapping
 from typing import Any
+
+from asyncrl.net import is_loopback
 
 ENV = "ASYNCRL_ENGINE_TOKEN"
 MIN_TOKEN_CHARS = 16
@@ -88,17 +89,6 @@ def auth_headers(token: str | None = None) -> dict[str, str]:
     environment's; {} when there is none."""
     token = token if token is not None else token_from_env()
     return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost and loopback IP literals (127.0.0.0/8, ::1); every other host, names
-    included, counts as exposed."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_bind(host: str, token: str | None, where: str = "engine.host (--host)") -> None:

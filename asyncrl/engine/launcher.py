@@ -31,8 +31,8 @@ from typing import Any, Self
 
 import httpx
 
-from asyncrl.engine.auth import ENV, auth_headers, ensure_token, is_loopback
-from asyncrl.net import free_port
+from asyncrl.engine.auth import ENV, auth_headers, ensure_token
+from asyncrl.net import free_port, is_loopback
 
 
 class EngineLaunchError(RuntimeError):

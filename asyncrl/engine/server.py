@@ -36,11 +36,11 @@ from asyncrl.engine.auth import (
     LOOPBACK_OPEN,
     TokenGate,
     check_bind,
-    is_loopback,
     token_from_env,
 )
 from asyncrl.engine.protocol import BadRequest, parse_request
 from asyncrl.engine.scheduler import EngineCore
+from asyncrl.net import is_loopback
 
 log = logging.getLogger(__name__)
 

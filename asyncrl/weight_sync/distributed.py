@@ -21,14 +21,13 @@ import asyncio
 import logging
 import socket
 import uuid
-from ipaddress import ip_address
 from typing import Any
 from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
 
-from asyncrl.net import free_port
+from asyncrl.net import free_port, is_loopback
 from asyncrl.weight_sync.bucketing import dtype_name, flat_groups, metas_of, pack
 from asyncrl.weight_sync.engine_http import EngineHTTP
 from asyncrl.weight_sync.errors import WeightMismatchError, WeightSyncError
@@ -41,11 +40,8 @@ log = logging.getLogger(__name__)
 def master_address_for(urls: list[str]) -> str:
     """127.0.0.1 when every engine is on loopback, else this host's address as the others see it."""
     hosts = [urlparse(u).hostname or "" for u in urls]
-    try:
-        if all(h == "localhost" or ip_address(h).is_loopback for h in hosts):
-            return "127.0.0.1"
-    except ValueError:
-        pass
+    if all(is_loopback(h) for h in hosts):
+        return "127.0.0.1"
     return socket.gethostbyname(socket.gethostname())
 
 

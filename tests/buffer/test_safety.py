@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from asyncrl.buffer import protocol as P
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer
 from asyncrl.buffer.keys import BufferKeys
-from asyncrl.buffer.server import BufferConfigError, BufferService, is_loopback
+from asyncrl.buffer.server import BufferConfigError, BufferService
 from asyncrl.config import BufferConfig
+from asyncrl.net import is_loopback
 
 from .conftest import traj
 

@@ -26,11 +26,11 @@ from asyncrl.engine.auth import (
     bearer_matches,
     check_bind,
     ensure_token,
-    is_loopback,
     make_token,
     token_from_env,
 )
 from asyncrl.engine.launcher import answers, launch_embedded
+from asyncrl.net import is_loopback
 from asyncrl.weight_sync import WeightSender, WeightSyncError
 from asyncrl.weight_sync.disk import DiskTransport
 from asyncrl.weight_sync.safe_unpickle import UnsafePayload, load_named_tensors
