@@ -345,6 +345,15 @@ def relay(cfg: dict, pid: int, out_r: int, err_r: int, kill: Callable[[], None])
     cap, deadline = cfg["max_output_bytes"], time.monotonic() + cfg["timeout_s"]
     sent = {out_r: 0, err_r: 0}
     dest = {out_r: 1, err_r: 2}
+
+    def forward(fd: int, chunk: bytes) -> bool:
+        """Pass on what fits under the stream's cap; True once the stream went over it."""
+        room = cap - sent[fd]
+        if room > 0:
+            os.write(dest[fd], chunk[:room])
+        sent[fd] += len(chunk)
+        return sent[fd] > cap
+
     exited = os.pidfd_open(pid)
     open_fds = [out_r, err_r, exited]
     status, reason = None, None
@@ -361,11 +370,7 @@ def relay(cfg: dict, pid: int, out_r: int, err_r: int, kill: Callable[[], None])
             if not chunk:
                 open_fds.remove(fd)
                 continue
-            room = cap - sent[fd]
-            if room > 0:
-                os.write(dest[fd], chunk[:room])
-            sent[fd] += len(chunk)
-            if sent[fd] > cap:
+            if forward(fd, chunk):
                 reason = "output"
         if reason:
             break
@@ -376,11 +381,7 @@ def relay(cfg: dict, pid: int, out_r: int, err_r: int, kill: Callable[[], None])
         status = 9  # killed by us: report as SIGKILL
     for fd in (out_r, err_r):  # what was written before the kill, up to the cap
         while reason != "output" and (chunk := os.read(fd, 65536)):
-            room = cap - sent[fd]
-            if room > 0:
-                os.write(dest[fd], chunk[:room])
-            sent[fd] += len(chunk)
-            if sent[fd] > cap:
+            if forward(fd, chunk):
                 reason = "output"
     return {"returncode": os.waitstatus_to_exitcode(status), "killed": reason}
 
