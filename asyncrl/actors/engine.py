@@ -24,6 +24,7 @@ import httpx
 import ray
 
 from asyncrl.config import Config
+from asyncrl.engine.auth import auth_headers
 from asyncrl.engine.launcher import EngineProcess, launch_embedded, launch_sglang
 from asyncrl.models import default_device
 from asyncrl.net import free_port
@@ -33,9 +34,10 @@ PROBE_BODY = {"input_ids": [0], "sampling_params": {"temperature": 0, "max_new_t
 
 
 def probe(url: str, timeout_s: float) -> Optional[str]:
-    """One real one-token generate: None if the engine answered it within `timeout_s`, else why not."""
+    """One real one-token generate: None if the engine answered it within `timeout_s`, else why not.
+    With the run's token: an engine bound beyond loopback wants it on /generate too."""
     try:
-        r = httpx.post(f"{url}/generate", json=PROBE_BODY, timeout=timeout_s)
+        r = httpx.post(f"{url}/generate", json=PROBE_BODY, timeout=timeout_s, headers=auth_headers())
     except httpx.HTTPError as e:
         return f"{type(e).__name__}: {e}"
     if r.status_code != 200:
@@ -46,7 +48,7 @@ def probe(url: str, timeout_s: float) -> Optional[str]:
 def paused(url: str, timeout_s: float = 5.0) -> bool:
     """The engine answers that it is paused (for a weight sync). Only the embedded engine says so."""
     try:
-        r = httpx.get(f"{url}/stats", timeout=timeout_s)
+        r = httpx.get(f"{url}/stats", timeout=timeout_s, headers=auth_headers())
         return r.status_code == 200 and r.json().get("paused") is True
     except (httpx.HTTPError, ValueError, AttributeError):
         return False

@@ -19,6 +19,7 @@ import httpx
 import pytest
 import torch
 
+from asyncrl.actors.engine import paused, probe
 from asyncrl.engine.auth import (
     ENV,
     TokenError,
@@ -286,4 +287,6 @@ async def test_beyond_loopback_every_route_but_health_needs_the_token(engine_mod
             assert r.status_code == 200 and r.json()["paused"] is False  # the refused pause changed nothing
             r = await h.post(eng.url + "/generate", json=GREEDY, headers=auth_headers())
             assert r.status_code == 200 and len(r.json()["output_ids"]) == 8
-        assert answers(eng.url)  # the liveness probe carries the token
+        assert answers(eng.url)  # the launcher's health check carries the token
+        assert probe(eng.url, 60.0) is None  # and so does the supervisor's one-token liveness probe
+        assert not paused(eng.url)  # answered (with the token), and not paused
