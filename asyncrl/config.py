@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+from asyncrl.run_dir import check_run_name
+
 
 def config_dir() -> Path:
     """The Hydra tree shipped as the `asyncrl.configs` package (the repo's configs/ when editable)."""
@@ -275,10 +277,13 @@ class TrainerConfig:
     episodes_per_worker: int = 16  # concurrent agent loops per rollout worker
     max_inflight_generations: int = 16  # engine slots across the rollout side
     learner_ranks: int = 1
-    output_dir: str = "outputs/${now:%Y-%m-%d_%H-%M-%S}"
+    # the run's directory is outputs/<run_name> (None: the start time, e.g. 2026-11-23_20-44-45) unless
+    # output_dir names one; asyncrl/run_dir.py owns the rule, the lock and what a start finds there
+    run_name: Optional[str] = None
+    output_dir: Optional[str] = None
     checkpoint_every: int = 0  # steps; 0: only at the end
     keep_checkpoints: int = 2
-    resume: Literal["off", "auto"] = "off"
+    resume: Literal["off", "auto"] = "off"  # auto: the newest checkpoint of the run dir, or a fresh start saying so
     eval_every: int = 0  # steps; 0: no evaluation
     eval_pass_k: int = 1
     eval_samples: int = 32
@@ -296,6 +301,15 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         _check(self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}")
+        if self.run_name is not None:
+            try:
+                check_run_name(self.run_name)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        _check(self.resume != "auto" or self.run_name is not None or bool(self.output_dir), "trainer.resume",
+               "auto resumes the run dir's newest checkpoint, but the default dir outputs/<start time> is new on "
+               "every start and can never hold one: name the run (trainer.run_name=NAME, dir outputs/NAME) and use "
+               "the same name to resume it, or give trainer.output_dir=DIR")
         _check(self.learner_timeout_s > 0, "trainer.learner_timeout_s", f"must be > 0, got {self.learner_timeout_s}")
         _check(self.batch_groups >= 1, "trainer.batch_groups", f"must be >= 1, got {self.batch_groups}")
         _check(0.0 <= self.dump_trajectories <= 1.0, "trainer.dump_trajectories", "must be in [0, 1]")

@@ -13,7 +13,9 @@ stops with a checkpoint (if a step was trained since the last one) and a diagnos
 Every run ends with a summary (printed, and `summary.json` in the output dir) and an exit status that
 says how it ended: 0 completed, nothing skipped; 3 completed, but prompts or optimizer steps were skipped; 4 stopped by the
 watchdog (the diagnosis is the last line on stderr); 128 + signum interrupted; 1 crashed (an exception);
-2 config error (before this module runs).
+2 config error (before this module runs) or a run directory this start may not use (held by a live run's
+lock, or holding another run's state without `trainer.resume=auto`: asyncrl/run_dir.py), decided before
+anything is started.
 """
 
 from __future__ import annotations
@@ -34,14 +36,15 @@ from asyncrl.config import Config
 from asyncrl.engine.auth import ENV as ENGINE_TOKEN_ENV
 from asyncrl.engine.auth import ensure_token
 from asyncrl.fleet import Fleet, load_rows
-from asyncrl.learner.checkpoint import checkpoints_root, latest_checkpoint, prune_checkpoints
+from asyncrl.learner.checkpoint import checkpoint_version, checkpoints_root, prune_checkpoints
 from asyncrl.metrics import MetricsLogger
+from asyncrl.run_dir import RunDirError, RunLock, RunStart, VersionLog, describe_holder, prepare_run, run_dir
 from asyncrl.secrets import shown_config, withhold_env
 from asyncrl.watchdog import Verdict, Watchdog
 
 log = logging.getLogger("asyncrl")
 
-EXIT_OK, EXIT_ERROR, EXIT_SKIPPED, EXIT_WATCHDOG = 0, 1, 3, 4
+EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_SKIPPED, EXIT_WATCHDOG = 0, 1, 2, 3, 4
 
 
 class RunStopped(Exception):
@@ -56,8 +59,31 @@ def run(cfg: Config, rows: list[dict] | None = None) -> int:
     """Train; `rows`: the training rows as preflight checked them (None: load them here)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     secret_env = withhold_env()  # before anything is started: no child inherits WANDB_API_KEY
-    out = Path(cfg.trainer.output_dir).resolve()
+    out = run_dir(cfg.trainer.output_dir, cfg.trainer.run_name)
     out.mkdir(parents=True, exist_ok=True)
+    # the run owns its directory from here to its exit: a second run on it stops here, before anything
+    # expensive; whatever the previous run left is settled by prepare_run (resumed, refused, or moved aside)
+    lock = RunLock(out)
+    try:
+        if (dead := lock.acquire()) is not None:
+            log.warning("took over the lock of %s in %s: that process is gone", describe_holder(dead), out)
+        wal_dir = Path(cfg.buffer.wal_dir).resolve() if cfg.buffer.wal_dir else out / "buffer"
+        start = prepare_run(out, wal_dir, cfg.trainer.resume)
+        lock.set_run_id(start.run_id)
+        if start.resume_from is not None:
+            log.info("resuming run %s from step %d (version %d) in %s", start.run_id,
+                     int(start.resume_from.name.split("_")[1]), checkpoint_version(start.resume_from), out)
+    except RunDirError as e:
+        lock.release()
+        print(f"asyncrl train: {e}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    try:
+        return _run(cfg, rows, out, start, secret_env)
+    finally:
+        lock.release()
+
+
+def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secret_env: dict) -> int:
     # engines load weights from disk only below the run's directories: absolute, whatever an actor's cwd
     cfg.trainer.output_dir = str(out)
     disk_dir = cfg.trainer.weight_sync.disk_dir
@@ -74,7 +100,7 @@ def run(cfg: Config, rows: list[dict] | None = None) -> int:
 
     env = resolve_env(cfg.env.name)
     rows = load_rows(cfg, env, "train") if rows is None else rows
-    log.info("output dir %s; %d training prompts; mode %s, max_staleness %d", out, len(rows),
+    log.info("run %s in %s; %d training prompts; mode %s, max_staleness %d", start.run_id, out, len(rows),
              cfg.trainer.mode, cfg.algorithm.max_staleness)
     ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, include_dashboard=False,
              ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING, runtime_env=runtime_env)
@@ -82,13 +108,12 @@ def run(cfg: Config, rows: list[dict] | None = None) -> int:
     metrics = MetricsLogger(out, wandb_mode=cfg.trainer.wandb, project=cfg.trainer.wandb_project,
                             config=shown_config(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps,
                             secret_env=secret_env)
-    fleet = Fleet(cfg, out, rows)
+    fleet = Fleet(cfg, out, rows, start.run_id)
     ending = {"exit_code": EXIT_ERROR, "exit_reason": "crashed", "diagnosis": ""}
     try:
         with env.services(cfg.env) as tool_overrides:
-            resume_from = latest_checkpoint(checkpoints_root(out)) if cfg.trainer.resume == "auto" else None
-            fleet.start(tool_overrides, resume_from=resume_from)
-            train_loop(cfg, fleet, metrics, out)
+            fleet.start(tool_overrides, resume_from=start.resume_from, highest_published=start.record.highest_version)
+            train_loop(cfg, fleet, metrics, out, VersionLog(out, start.record))
         ending.update(exit_code=EXIT_OK, exit_reason="completed")
     except RunStopped as e:
         ending.update(exit_code=EXIT_WATCHDOG, exit_reason=f"stopped by the watchdog ({e.verdict.kind})",
@@ -167,7 +192,7 @@ def _stop_on_signals() -> dict:
     return got
 
 
-def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path) -> None:
+def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, versions: VersionLog) -> None:
     ckpt_dir = checkpoints_root(out)
     t = cfg.trainer
     watchdog = Watchdog(stall_timeout_s=t.stall_timeout_s, max_failed_fraction=t.max_failed_episode_fraction,
@@ -183,6 +208,7 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path) -> 
             t0 = time.perf_counter()
             batch, waited = fleet.next_batch(watch)  # restarts dead workers/engines, returns budget, watches
             result = fleet.train(batch)
+            versions.publishing(result.version)  # durable before any engine holds these weights
             uids_file.write(json.dumps({"step": fleet.step, "uids": result.trained_uids}) + "\n")
             uids_file.flush()
             stats = {**result.metrics, **fleet.sync_weights()}

@@ -40,8 +40,8 @@ STOP_TIMEOUT_S = 30.0
 
 
 class Fleet:
-    def __init__(self, cfg: Config, out: Path, rows: list[dict[str, Any]]):
-        self.cfg, self.out, self.rows = cfg, out, rows
+    def __init__(self, cfg: Config, out: Path, rows: list[dict[str, Any]], run_id: str):
+        self.cfg, self.out, self.rows, self.run_id = cfg, out, rows, run_id
         self.step = self.last_checkpoint_step = 0
         self.optimizer_steps_skipped = 0  # the learner's count of steps skipped for a non-finite loss/grad norm
         self.version = 0  # the learner's version as last published (set only by publish_version)
@@ -56,7 +56,9 @@ class Fleet:
 
     # ------------------------------------------------------------------ start / stop
 
-    def start(self, tool_overrides: dict, resume_from: Optional[Path] = None) -> None:
+    def start(self, tool_overrides: dict, resume_from: Optional[Path] = None, highest_published: int = 0) -> None:
+        """Start every part; with `resume_from`, from that checkpoint (the learner numbers its new weights above
+        `highest_published`, the highest version the run ever published: asyncrl/run_dir.py's record)."""
         from asyncrl.actors.engine import EngineActor
         from asyncrl.buffer.actor import BufferActor
         from asyncrl.buffer.keys import BufferKeys, endpoint
@@ -87,7 +89,7 @@ class Fleet:
         positions = [RolloutPosition() for _ in range(cfg.trainer.rollout_workers)]
         version = 0
         if resume_from is not None:
-            job, version = self.learners.load_checkpoint(str(resume_from))
+            job, version = self.learners.load_checkpoint(str(resume_from), highest_published)
             if len(job.rollout) != len(positions):
                 raise ValueError(f"checkpoint {resume_from} holds {len(job.rollout)} rollout positions, the config "
                                  f"asks for trainer.rollout_workers={len(positions)}")
@@ -105,7 +107,7 @@ class Fleet:
 
         w = RolloutActor.remote(self.cfg, r, self.cfg.trainer.rollout_workers, self.engine_urls,
                                 self.buffer_producer, str(self.out), self.tool_overrides, self.rows,
-                                position=position, version=version)
+                                position=position, version=version, run_id=self.run_id)
         ray.get(w.start.remote())
         return w
 
@@ -148,11 +150,15 @@ class Fleet:
         by_worker: dict[int, list[str]] = {}
         for gid in self._undelivered:
             try:
-                position, _ = parse_group_id(gid)
+                key = parse_group_id(gid)
             except ValueError as e:
                 log.warning("buffer reported a dropped group that no rollout worker owns: %s", e)
                 continue
-            by_worker.setdefault(position % self.cfg.trainer.rollout_workers, []).append(gid)
+            if key.run_id != self.run_id:
+                log.warning("buffer reported dropped group %s of another run (this is run %s): ignored", gid,
+                            self.run_id)
+                continue
+            by_worker.setdefault(key.position % self.cfg.trainer.rollout_workers, []).append(gid)
         keep: list[str] = []
         for r, gids in sorted(by_worker.items()):
             try:

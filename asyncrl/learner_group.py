@@ -84,9 +84,10 @@ class LearnerGroup:
     def save_checkpoint(self, path: str, job: JobState) -> list[int]:
         return self._all("save_checkpoint", path, job)
 
-    def load_checkpoint(self, path: str) -> tuple[JobState, int]:
-        """The checkpoint's job state and the learner's restored policy version."""
-        return self._all("load_checkpoint", path)
+    def load_checkpoint(self, path: str, highest_published: int = 0) -> tuple[JobState, int]:
+        """The checkpoint's job state and the learner's restored policy version (new weights are numbered
+        above `highest_published`, the highest version the run ever published)."""
+        return self._all("load_checkpoint", path, highest_published)
 
     def export(self, out_dir: str) -> None:
         self._all("export", out_dir)

@@ -117,10 +117,11 @@ class LearnerActor:
             self.uncommitted.clear()
         return ids
 
-    def load_checkpoint(self, path: str) -> tuple[JobState, int]:
+    def load_checkpoint(self, path: str, highest_published: int = 0) -> tuple[JobState, int]:
         """Restore the checkpoint (all ranks); re-commit its batch ids (rank 0: idempotent, in case the
-        crash came between checkpoint and commit). Returns the job state and the restored version."""
-        job = JobState.from_builtins(self.worker.load_checkpoint(path))
+        crash came between checkpoint and commit). Returns the job state and the restored version; new
+        weights are numbered above `highest_published` (the run record's, see LearnerWorker.load_checkpoint)."""
+        job = JobState.from_builtins(self.worker.load_checkpoint(path, highest_published))
         if self.rank == 0 and self.consumer is not None and job.trained_batch_ids:
             self.consumer.commit(job.trained_batch_ids, step=job.step)
         return job, self.worker.version

@@ -16,9 +16,9 @@ from asyncrl.job_state import RolloutPosition, RolloutState
 class RolloutActor:
     def __init__(self, cfg: Config, worker_id: int, num_workers: int, engine_urls: list[str],
                  buffer: BufferEndpoint, output_dir: str, tool_overrides: dict, rows: list[dict[str, Any]],
-                 position: RolloutPosition, version: int):
+                 position: RolloutPosition, version: int, run_id: str):
         self.args = (cfg, worker_id, num_workers, engine_urls, buffer, output_dir, tool_overrides, rows)
-        self.position, self.version = position, version
+        self.position, self.version, self.run_id = position, version, run_id
         self.worker = None
         self.task: asyncio.Task | None = None
 
@@ -34,7 +34,7 @@ class RolloutActor:
         self.worker = RolloutWorker(
             cfg, worker_id=worker_id, num_workers=num_workers, rows=rows, engine=client,
             tokenizer=load_tokenizer(cfg.model), buffer_address=buffer, output_dir=output_dir,
-            tool_overrides=overrides, position=self.position, version=self.version,
+            tool_overrides=overrides, position=self.position, version=self.version, run_id=self.run_id,
         )
         self.task = asyncio.create_task(self.worker.run())  # re-issues the position's in-flight groups first
 

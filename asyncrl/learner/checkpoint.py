@@ -13,7 +13,8 @@ A crash at any point leaves either no `<path>`, or a complete one: never a half-
 
 Naming (the one place it is spelled): a run's checkpoints live under `<output_dir>/checkpoints/`, one
 directory `step_NNNNNN` per checkpoint (`step_dir`); `latest_checkpoint` finds the newest and
-`prune_checkpoints` keeps the newest `keep`.
+`prune_checkpoints` keeps the newest `keep`. Only the run holding the directory's lock (asyncrl/run_dir.py)
+writes or prunes them.
 """
 
 from __future__ import annotations
@@ -60,6 +61,12 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
     """The newest `step_NNNNNN` directory under `root` (the highest step), or None."""
     found = _step_dirs(root)
     return found[-1][1] if found else None
+
+
+def checkpoint_version(path: str | os.PathLike) -> int:
+    """The policy version a complete checkpoint holds (its meta.pt), without loading the model."""
+    meta = torch.load(check_complete(path) / "meta.pt", weights_only=False)
+    return int(meta["version"])
 
 
 def prune_checkpoints(root: str | os.PathLike, keep: int) -> None:

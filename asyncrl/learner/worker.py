@@ -11,7 +11,9 @@ A training step (`train_step(batch)`), with every rank given the SAME batch:
      `micro_batch_tokens`, packed (one row, position_ids restarting per sequence) or padded;
      ranks with fewer micro-batches run zero-weight dummy ones so FSDP's collectives stay aligned;
   5. grad-norm clipping, AdamW, LR schedule (linear warmup, then constant or cosine to min_lr_ratio);
-     `version` += 1 if at least one optimizer step was taken.
+     if at least one optimizer step was taken, `version` becomes the next number: one above both the
+     current version and the highest version the run ever published (`highest_published`, given on
+     resume from the run record), so a resumed run never reuses a discarded policy's number.
 
 Numeric guard: an optimizer step whose loss (summed over ranks) or gradient norm (global) is not finite
 is skipped: gradients dropped, no optimizer or LR-scheduler step, counted (`learner/skipped_steps_nonfinite`,
@@ -111,6 +113,7 @@ class LearnerWorker:
             self.optimizer, lr_lambda(self.algo.warmup_steps, total, self.algo.lr_schedule, self.algo.min_lr_ratio)
         )
         self.version = 0
+        self.highest_published = 0  # by an earlier life of this run (resume): new weights are numbered above it
         self.optimizer_steps = 0
         self.skipped_nonfinite = 0  # optimizer steps skipped for a non-finite loss or grad norm, in all
         self.nonfinite_in_row = 0
@@ -250,7 +253,7 @@ class LearnerWorker:
                     sums[7] += gn
                     stepped += 1
         if stepped:
-            self.version += 1
+            self.version = max(self.version, self.highest_published) + 1
         n_steps = a.epochs * len(minibatches)
         tokens = float(sum(int(m.sum()) for m in masks))
         seconds = time.perf_counter() - t0
@@ -364,11 +367,14 @@ class LearnerWorker:
                 "scheduler": self.scheduler.state_dict(), "extra": dict(extra)}
         ckpt.save(path, self.model, self.optimizer, meta=meta, config=shown_config(self.cfg))
 
-    def load_checkpoint(self, path: str) -> dict:
-        """Collective. Restores everything `save_checkpoint` wrote; returns its `extra`."""
+    def load_checkpoint(self, path: str, highest_published: int = 0) -> dict:
+        """Collective. Restores everything `save_checkpoint` wrote; returns its `extra`. The restored weights keep
+        the checkpoint's version (the run published exactly these weights under it); the next trained ones
+        are numbered above `highest_published`, the highest version the run ever published."""
         meta = ckpt.load(path, self.model, self.optimizer)
         self.scheduler.load_state_dict(meta["scheduler"])
         self.version = int(meta["version"])
+        self.highest_published = int(highest_published)
         self.optimizer_steps = int(meta["optimizer_steps"])
         return dict(meta["extra"])
 

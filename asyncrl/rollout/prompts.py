@@ -2,19 +2,22 @@
 
 Position p (0, 1, 2, ...) is global across epochs: epoch = p // N, and the row is the
 (p % N)-th entry of that epoch's seeded permutation. Worker r of R takes positions p with
-p % R == r. The group id is derived from the position and the retry number alone (`g<p>`, then
-`g<p>r<k>` for the k-th retry of a prompt whose group the buffer dropped unserved), so a prompt issued
-again after a crash or on resume produces the same trajectory uids and the buffer stores them once,
-while a retry is a new group (the buffer has closed the old one).
+p % R == r. The group id is derived from the run's id, the position and the retry number alone
+(`<run_id>-g<p>`, then `<run_id>-g<p>r<k>` for the k-th retry of a prompt whose group the buffer
+dropped unserved), so a prompt issued again after a crash or on resume produces the same trajectory
+uids and the buffer stores them once, while a retry is a new group (the buffer has closed the old one)
+and another run's prompts never share an id with this run's (the run id is asyncrl/run_dir.py's).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+
+from asyncrl.run_dir import check_run_id
 
 
 @dataclass(frozen=True)
@@ -24,26 +27,45 @@ class PromptDraw:
     data_index: int
     row: dict[str, Any]
     retry: int = 0  # 0: first issue; k: the k-th re-issue after its group was dropped unserved
+    run_id: str = ""  # the run that draws it (PromptSource's); part of the group id
 
     @property
     def group_id(self) -> str:
-        return f"g{self.position}" if self.retry == 0 else f"g{self.position}r{self.retry}"
+        return group_id(self.run_id, self.position, self.retry)
 
 
-_GROUP_ID = re.compile(r"g(0|[1-9]\d*)(?:r([1-9]\d*))?")
+class GroupKey(NamedTuple):
+    """What a training group id says: the run that started it, the prompt position, the retry number."""
+
+    run_id: str
+    position: int
+    retry: int
 
 
-def parse_group_id(group_id: str) -> tuple[int, int]:
-    """(position, retry) of a training group id (`PromptDraw.group_id`); ValueError naming it otherwise."""
-    m = _GROUP_ID.fullmatch(group_id)
+def group_id(run_id: str, position: int, retry: int = 0) -> str:
+    """The id of a training group: `<run_id>-g<position>`, or `<run_id>-g<position>r<retry>` for a retry."""
+    check_run_id(run_id, "group id's run id")
+    if position < 0 or retry < 0:
+        raise ValueError(f"group position and retry must be >= 0, got position {position}, retry {retry}")
+    return f"{run_id}-g{position}" if retry == 0 else f"{run_id}-g{position}r{retry}"
+
+
+_GROUP_ID = re.compile(r"([0-9a-z]{1,16})-g(0|[1-9][0-9]{0,17})(?:r([1-9][0-9]{0,17}))?")
+
+
+def parse_group_id(group_id: str) -> GroupKey:
+    """The `GroupKey` of a training group id (`PromptDraw.group_id`); ValueError naming it otherwise."""
+    m = _GROUP_ID.fullmatch(group_id) if isinstance(group_id, str) else None
     if m is None:
-        raise ValueError(f"group id {group_id!r} is not a training group id (g<position> or g<position>r<retry>)")
-    return int(m.group(1)), int(m.group(2) or 0)
+        raise ValueError(f"group id {group_id!r} is not a training group id "
+                         f"(<run_id>-g<position> or <run_id>-g<position>r<retry>)")
+    return GroupKey(m.group(1), int(m.group(2)), int(m.group(3) or 0))
 
 
 class PromptSource:
-    def __init__(self, rows: list[dict[str, Any]], *, seed: int, shuffle: bool = True,
+    def __init__(self, rows: list[dict[str, Any]], *, run_id: str, seed: int, shuffle: bool = True,
                  shard: int = 0, num_shards: int = 1, start_position: int | None = None):
+        self.run_id = check_run_id(run_id, "PromptSource run_id")
         if not rows:
             raise ValueError("the training dataset is empty")
         if not 0 <= shard < num_shards:
@@ -66,7 +88,7 @@ class PromptSource:
         n = len(self.rows)
         epoch, offset = divmod(position, n)
         idx = int(self._perm(epoch)[offset])
-        return PromptDraw(position, epoch, idx, self.rows[idx], retry)
+        return PromptDraw(position, epoch, idx, self.rows[idx], retry, self.run_id)
 
     def next(self) -> PromptDraw:
         draw = self.at(self.next_position)

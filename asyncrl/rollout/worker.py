@@ -97,7 +97,7 @@ class RolloutWorker:
 
     def __init__(self, cfg: Config, *, worker_id: int, num_workers: int, rows: list[dict[str, Any]],
                  engine: Generator, tokenizer: Any, buffer_address: str, output_dir: str | Path,
-                 tool_overrides: dict | None = None, position: RolloutPosition | None = None,
+                 run_id: str, tool_overrides: dict | None = None, position: RolloutPosition | None = None,
                  version: int = 0):
         from asyncrl.agent_loop.base import AgentContext
         from asyncrl.buffer.client import AsyncBufferProducer
@@ -111,7 +111,7 @@ class RolloutWorker:
         self.retries = dict(position.retries)  # position -> drop reports handled = retry number of its next group
         self.waiting = list(position.waiting_positions)  # returned: issued again (through the gate) first
         self.prompts_skipped = position.prompts_skipped
-        self.source = PromptSource(rows, seed=cfg.seed, shard=worker_id, num_shards=num_workers,
+        self.source = PromptSource(rows, run_id=run_id, seed=cfg.seed, shard=worker_id, num_shards=num_workers,
                                    start_position=position.next_position)
         self.engine = BoundedGenerator(engine, cfg.trainer.max_inflight_generations)
         self.ctx = AgentContext(
@@ -158,14 +158,14 @@ class RolloutWorker:
         that is not its prompt's current one (handled before), not drawn yet, or not this worker's is ignored."""
         for gid in group_ids:
             try:
-                p, k = parse_group_id(gid)
+                run_id, p, k = parse_group_id(gid)
             except ValueError as e:
                 log.warning("drop report ignored: %s", e)
                 continue
-            if (p % self.num_workers != self.worker_id or p >= self.source.next_position
-                    or k != self.retries.get(p, 0)):
-                log.warning("drop report for %s ignored: not a group this worker (%d of %d) has started and not "
-                            "yet seen dropped", gid, self.worker_id, self.num_workers)
+            if (run_id != self.source.run_id or p % self.num_workers != self.worker_id
+                    or p >= self.source.next_position or k != self.retries.get(p, 0)):
+                log.warning("drop report for %s ignored: not a group this worker (%d of %d, run %s) has started "
+                            "and not yet seen dropped", gid, self.worker_id, self.num_workers, self.source.run_id)
                 continue
             self.retries[p] = k + 1
             if (draw := self.inflight.get(p)) is not None and draw.retry == k:

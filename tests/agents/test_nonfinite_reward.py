@@ -63,7 +63,7 @@ async def test_rollout_worker_counts_a_nan_reward_reports_it_failed_and_goes_on(
     svc.start()
     engine = ScriptedEngine(tokenizer, ["Answer: 17", "Answer: 17"])
     worker = RolloutWorker(cfg, worker_id=0, num_workers=1, rows=[{"prompt": []}], engine=engine,
-                           tokenizer=tokenizer, buffer_address=svc.address, output_dir=tmp_path)
+                           tokenizer=tokenizer, buffer_address=svc.address, output_dir=tmp_path, run_id="r1")
     try:
         await worker._run_episode(_sample("bad", "nan"))
         assert len(engine.calls) == 1  # not retried: the reward's verdict would not change

@@ -23,11 +23,12 @@ pytestmark = pytest.mark.timeout(120)
 
 ROWS = [{"prompt": [{"role": "user", "content": f"What is {i} + {i}?"}], "reward_model": {"ground_truth": str(2 * i)},
          "data_source": "test"} for i in range(4)]
+RUN = "run7"
 
 
 def _worker(cfg, tokenizer, engine, address, tmp_path, position=None) -> RolloutWorker:
     w = RolloutWorker(cfg, worker_id=0, num_workers=1, rows=ROWS, engine=engine, tokenizer=tokenizer,
-                      buffer_address=address, output_dir=tmp_path, position=position)
+                      buffer_address=address, output_dir=tmp_path, position=position, run_id=RUN)
     w.EPISODE_ATTEMPTS = 1  # fail an episode on its first error (the retry pause is not what is tested)
     return w
 
@@ -67,7 +68,7 @@ async def test_a_dropped_group_returns_its_budget_and_is_reissued_then_skipped(t
         consumer.close()
         svc.stop()
 
-    assert reported == [("g0", "failed"), ("g0r1", "failed"), ("g0r2", "failed")]
+    assert reported == [(f"{RUN}-g0", "failed"), (f"{RUN}-g0r1", "failed"), (f"{RUN}-g0r2", "failed")]
     pos = st.position
     assert (pos.started_groups, pos.returned_groups, pos.prompts_skipped) == (4, 3, 1)
     assert pos.retries == {0: 3} and pos.waiting_positions == [] and st.groups_dropped == 3
@@ -81,6 +82,7 @@ async def test_a_dropped_group_returns_its_budget_and_is_reissued_then_skipped(t
     again = _worker(cfg, tokenizer, engine, svc.address, tmp_path, position=pos)
     assert (again.gate.started, again.gate.returned) == (4, 3)
     assert again.state().position == pos  # g1, in flight when the first one stopped, is named before run()
-    after = await again.groups_dropped(["g0r2", "g0r1", "g0", "g1r1", "g9", "val-3"])  # handled, not current, not drawn, hostile
+    after = await again.groups_dropped([f"{RUN}-g0r2", f"{RUN}-g0r1", f"{RUN}-g0", f"{RUN}-g1r1", f"{RUN}-g9",
+                                        "other-g1", "g1", "val-3"])  # handled, not current, not drawn, other run, hostile
     assert after.position == pos
     await again.producer.close()
