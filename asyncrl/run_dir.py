@@ -150,9 +150,10 @@ def _read_holder(fd: int) -> Optional[dict]:
 def describe_holder(holder: Optional[dict]) -> str:
     if not holder:
         return "another process (its lock file names no holder yet)"
-    started = holder.get("started")
-    when = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
-            if isinstance(started, (int, float)) else "?")
+    try:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("started"))))
+    except (TypeError, ValueError, OverflowError, OSError):  # the file is not to be trusted
+        when = "?"
     run = f"run {holder['run_id']} " if holder.get("run_id") else ""
     return f"{run}(pid {holder.get('pid', '?')} on host {holder.get('host', '?')}, started {when})"
 

@@ -26,6 +26,7 @@ from asyncrl.run_dir import (
     RunRecord,
     VersionLog,
     check_run_id,
+    describe_holder,
     prepare_run,
     read_record,
     run_dir,
@@ -190,3 +191,26 @@ def test_resume_auto_resumes_the_newest_checkpoint_of_the_same_run(tmp_path):
     (tmp_path / RECORD_FILE).unlink()  # checkpoints without a record: an older asyncrl's dir
     with pytest.raises(RunDirError, match="holds checkpoints but no run.json"):
         prepare_run(tmp_path, tmp_path / "buffer", "auto")
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage", b"[1, 2]", b'"pid"', b"\xff\xfe\x00", b'{"pid": 1' + b" " * 5000 + b"}",
+                                     b'{"pid": "x; rm -rf /", "host": null, "started": "soon"}'])
+def test_hostile_lock_file_contents_are_never_trusted(tmp_path, content):
+    (tmp_path / "run.lock").write_bytes(content)
+    lock = RunLock(tmp_path)
+    dead = lock.acquire()  # free: taken, whatever the file held
+    assert dead is None or isinstance(dead, dict)
+    rec = json.loads((tmp_path / "run.lock").read_text())
+    assert (rec["pid"], rec["run_id"]) == (os.getpid(), None)  # rewritten whole, nothing of the old bytes left
+    lock.release()
+    (tmp_path / "run.lock").write_bytes(content)
+    holder = _hold(tmp_path)  # a live holder rewrites it; a reader meanwhile gets a message, never a crash
+    try:
+        with pytest.raises(RunDirBusy, match=f"in use by run holder01 \\(pid {holder.pid} "):
+            RunLock(tmp_path).acquire()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert describe_holder({"pid": "x; rm -rf /", "host": None, "started": "soon"}) == "(pid x; rm -rf / on host None, started ?)"
+    for started in (1e300, float("nan"), -1e20, [1], None):
+        assert describe_holder({"pid": 1, "host": "h", "started": started}).endswith(", started ?)")
