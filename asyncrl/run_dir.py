@@ -253,11 +253,12 @@ def prepare_run(directory: Path, wal_dir: Path, resume: str, now: Optional[float
             return RunStart(old.run_id, old, ckpt)
         state = _state(directory, wal_dir)
         rec = RunRecord(run_id=new_run_id(), created=time.time() if now is None else now)
-        if state:
-            moved = move_aside(directory, wal_dir, old.run_id if old else "unknown", now)
-            log.warning("no checkpoint in %s: starting run %s fresh; the previous run%s's files (%s) were moved to "
+        if state:  # said first, then done: a move cut short leaves the line saying where things went
+            dest = aside_dir(directory, old.run_id if old else "unknown", now)
+            log.warning("no checkpoint in %s: starting run %s fresh; the previous run%s's files (%s) are moved to "
                         "%s and none of its data will be trained", directory, rec.run_id,
-                        f" {old.run_id}" if old else "", ", ".join(state), moved)
+                        f" {old.run_id}" if old else "", ", ".join(state), dest)
+            move_aside(directory, wal_dir, dest)
         else:
             log.info("no checkpoint in %s: starting run %s fresh", directory, rec.run_id)
         write_record(directory, rec)
@@ -273,19 +274,23 @@ def prepare_run(directory: Path, wal_dir: Path, resume: str, now: Optional[float
     return RunStart(rec.run_id, rec, None)
 
 
-def move_aside(directory: Path, wal_dir: Path, old_run_id: str, now: Optional[float] = None) -> Path:
-    """Move a previous run's files (`RUN_FILES`, `RUN_FILE_GLOBS`, and its buffer log wherever it lies) into
-    `<directory>/discarded-<old run id>-<time>/`; nothing else in the directory is touched."""
+def aside_dir(directory: Path, old_run_id: str, now: Optional[float] = None) -> Path:
+    """A new `<directory>/discarded-<old run id>-<time>[-n]/` for a previous run's files."""
     dest = directory / f"discarded-{old_run_id}-{timestamp_name(now)}"
     n = 1
     while dest.exists():
         n += 1
         dest = directory / f"discarded-{old_run_id}-{timestamp_name(now)}-{n}"
     dest.mkdir()
+    return dest
+
+
+def move_aside(directory: Path, wal_dir: Path, dest: Path) -> None:
+    """Move a previous run's files (`RUN_FILES`, `RUN_FILE_GLOBS`, and its buffer log wherever it lies) into
+    `dest`; nothing else in the directory is touched."""
     names = [directory / f for f in RUN_FILES] + [p for g in RUN_FILE_GLOBS for p in sorted(directory.glob(g))]
     for p in names:
         if p.exists() or p.is_symlink():
             os.replace(p, dest / p.name)
     if wal_dir.exists():  # an explicit buffer.wal_dir outside the run dir
         os.replace(wal_dir, dest / "buffer-log")
-    return dest

@@ -169,7 +169,7 @@ def test_resume_auto_without_a_checkpoint_moves_the_old_run_aside_and_starts_a_n
                                                        "trajectories-w0.jsonl"]
     [line] = [r.getMessage() for r in caplog.records]
     assert line.startswith(f"no checkpoint in {tmp_path}: starting run {new.run_id} fresh; the previous run "
-                           f"{old.run_id}'s files") and "none of its data will be trained" in line
+                           f"{old.run_id}'s files") and f"moved to {aside} and none of its data will be trained" in line
     caplog.clear()
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -214,3 +214,17 @@ def test_hostile_lock_file_contents_are_never_trusted(tmp_path, content):
     assert describe_holder({"pid": "x; rm -rf /", "host": None, "started": "soon"}) == "(pid x; rm -rf / on host None, started ?)"
     for started in (1e300, float("nan"), -1e20, [1], None):
         assert describe_holder({"pid": 1, "host": "h", "started": started}).endswith(", started ?)")
+
+
+def test_resume_auto_without_a_checkpoint_also_sets_aside_a_buffer_log_kept_elsewhere(tmp_path):
+    out, wal = tmp_path / "run", tmp_path / "logs" / "wal"
+    out.mkdir()
+    old = prepare_run(out, wal, "off")
+    wal.mkdir(parents=True)
+    (wal / "wal.log").write_bytes(b"old")
+    with pytest.raises(RunDirError, match=f"holds run {old.run_id}'s state .*a buffer log \\({wal}\\)"):
+        prepare_run(out, wal, "off")
+    new = prepare_run(out, wal, "auto")
+    assert new.run_id != old.run_id and not wal.exists()
+    [aside] = out.glob(f"discarded-{old.run_id}-*")
+    assert (aside / "buffer-log" / "wal.log").read_bytes() == b"old"
