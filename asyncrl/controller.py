@@ -77,6 +77,9 @@ def run(cfg: Config, rows: list[dict] | None = None) -> int:
         lock.release()
         print(f"asyncrl train: {e}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
+    except BaseException:
+        lock.release()  # emptied: a crash here is no dead holder for the next start to report
+        raise
     try:
         return _run(cfg, rows, out, start, secret_env)
     finally:
