@@ -37,6 +37,7 @@ from asyncrl import registry
 log = logging.getLogger("asyncrl.data")
 
 ROLES = ("system", "user", "assistant", "tool")
+ROW_GROUP_ROWS = 4096  # rows per parquet row group `write_rows` writes: a streamed reader decodes one at a time
 
 
 class DataError(ValueError):
@@ -135,7 +136,8 @@ def _drop_nulls(m: Any) -> Any:
     return {k: v for k, v in m.items() if v is not None} if isinstance(m, Mapping) else m
 
 
-def _normalize(row: dict) -> dict:
+def normalize_row(row: dict) -> dict:
+    """Drop the nulls parquet structs add inside `tools_kwargs` / `interaction_kwargs` (see module doc)."""
     extra = row.get("extra_info")
     if isinstance(extra, Mapping):
         extra = dict(extra)
@@ -174,7 +176,7 @@ def load_file(path: str | Path) -> list[Any]:
 def read_rows(path: str | Path, *, skip_bad: bool = False) -> list[dict]:
     """Validated rows of a parquet or jsonl file. A bad row raises DataError (index and field), or
     with `skip_bad` is dropped and counted in a warning."""
-    rows = [_normalize(r) if isinstance(r, dict) else r for r in load_file(path)]
+    rows = [normalize_row(r) if isinstance(r, dict) else r for r in load_file(path)]
     good, bad = check_rows(rows)
     if bad and not skip_bad:
         e = bad[0]
@@ -197,7 +199,7 @@ def write_rows(rows: list[dict], path: str | Path) -> Path:
     if suffix == ".parquet":
         try:
             table = pa.Table.from_pylist(rows)
-            pq.write_table(table, p)
+            pq.write_table(table, p, row_group_size=ROW_GROUP_ROWS)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
             raise DataError(f"rows cannot be stored as parquet ({e}); a field must have one type in every "
                             "row and mappings must not be empty", source=str(path)) from e
@@ -242,7 +244,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _check_command(path: str, *, skip_bad: bool) -> int:
     try:
-        rows = [_normalize(r) if isinstance(r, dict) else r for r in load_file(path)]
+        rows = [normalize_row(r) if isinstance(r, dict) else r for r in load_file(path)]
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
