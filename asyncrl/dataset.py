@@ -151,15 +151,17 @@ class Dataset(Sequence):
             return list(range(self.num_rows))
         blocks = self.blocks or (Block(0, self.num_rows, 0),)
         per = max(b.count for b in blocks)
-        k = max(1, min(len(blocks), -(-limit // per)))
-        chosen = sorted({round(j * (len(blocks) - 1) / max(k - 1, 1)) for j in range(k)})
+        for k in range(max(1, -(-limit // per)), len(blocks) + 1):  # the fewest evenly spread blocks that hold enough
+            chosen = sorted({round(j * (len(blocks) - 1) / max(k - 1, 1)) for j in range(k)})
+            if sum(blocks[j].count for j in chosen) >= limit:
+                break
         out: list[int] = []
-        for b in (blocks[j] for j in chosen):
+        for b in (blocks[j] for j in dict.fromkeys([chosen[0], chosen[-1], *chosen[1:-1]])):  # the file's two ends first
             take = min(b.count, limit - len(out))
             out.extend(range(b.start, b.start + take))
             if len(out) >= limit:
                 break
-        return out
+        return sorted(out)
 
 
 def _rebuild(state: dict[str, Any]) -> Dataset:
@@ -212,7 +214,7 @@ class _Reader:
         if self._parquet is None:
             self._parquet = pq.ParquetFile(self.ds.path)
         pieces, seen = [], 0  # rows of the group passed so far
-        for batch in self._parquet.iter_batches(batch_size=BLOCK_ROWS, row_groups=[b.group], use_threads=False):
+        for batch in self._parquet.iter_batches(batch_size=b.count, row_groups=[b.group], use_threads=False):
             lo, hi = max(b.offset - seen, 0), min(b.offset + b.count - seen, batch.num_rows)
             if lo < hi:
                 pieces.append(batch.slice(lo, hi - lo))
@@ -259,9 +261,12 @@ def _bisect(starts: list[int], index: int) -> int:
 # ----------------------------------------------------------------------------- opening a file
 
 
-def open_dataset(path: str | Path, *, skip_bad: bool = False, cache_blocks: int = CACHE_BLOCKS) -> Dataset:
+def open_dataset(path: str | Path, *, skip_bad: bool = False, cache_blocks: int = CACHE_BLOCKS,
+                 block_rows: int = BLOCK_ROWS) -> Dataset:
     """The handle of a parquet or jsonl file (see module doc); DataError naming the file if it cannot be
     one: missing, unknown suffix, unreadable footer, a required column missing, no rows."""
+    if block_rows < 1:
+        raise ValueError(f"block_rows must be >= 1, got {block_rows}")
     p = Path(path).expanduser()
     if not p.is_file():
         raise DataError(f"no such file (resolved to {p.resolve()})", source=str(path))
@@ -269,10 +274,10 @@ def open_dataset(path: str | Path, *, skip_bad: bool = False, cache_blocks: int 
     st = p.stat()
     suffix = p.suffix.lower()
     if suffix == ".parquet":
-        fmt, num_rows, blocks, columns = "parquet", *_index_parquet(p)
+        fmt, num_rows, blocks, columns = "parquet", *_index_parquet(p, block_rows)
     elif suffix in (".jsonl", ".json"):
         fmt, columns = "jsonl", ()
-        num_rows, blocks = _index_jsonl(p)
+        num_rows, blocks = _index_jsonl(p, block_rows)
     else:
         raise DataError(f"unknown file type {suffix!r}; expected .parquet or .jsonl", source=str(path))
     if num_rows == 0:
@@ -281,7 +286,7 @@ def open_dataset(path: str | Path, *, skip_bad: bool = False, cache_blocks: int 
                    columns=columns, skip_bad=skip_bad, cache_blocks=cache_blocks)
 
 
-def _index_parquet(p: Path) -> tuple[int, tuple[Block, ...], tuple[str, ...]]:
+def _index_parquet(p: Path, block_rows: int) -> tuple[int, tuple[Block, ...], tuple[str, ...]]:
     try:
         meta = pq.ParquetFile(p).metadata
         schema = meta.schema.to_arrow_schema()
@@ -302,8 +307,8 @@ def _index_parquet(p: Path) -> tuple[int, tuple[Block, ...], tuple[str, ...]]:
     blocks, start = [], 0
     for g in range(meta.num_row_groups):
         n = meta.row_group(g).num_rows
-        for off in range(0, n, BLOCK_ROWS):
-            count = min(BLOCK_ROWS, n - off)
+        for off in range(0, n, block_rows):
+            count = min(block_rows, n - off)
             blocks.append(Block(start, count, off, g))
             start += count
     if start != meta.num_rows:
@@ -311,12 +316,12 @@ def _index_parquet(p: Path) -> tuple[int, tuple[Block, ...], tuple[str, ...]]:
     return meta.num_rows, tuple(blocks), names
 
 
-def _index_jsonl(p: Path) -> tuple[int, tuple[Block, ...]]:
+def _index_jsonl(p: Path, block_rows: int) -> tuple[int, tuple[Block, ...]]:
     offsets, num_rows, pos, first, last = [], 0, 0, None, None
     with open(p, "rb") as f:
         for line in f:
             if line.strip():
-                if num_rows % BLOCK_ROWS == 0:
+                if num_rows % block_rows == 0:
                     offsets.append(pos)
                 if first is None:
                     first = line
@@ -330,6 +335,6 @@ def _index_jsonl(p: Path) -> tuple[int, tuple[Block, ...]]:
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise DataError(f"the {what} line is not JSON (a truncated file?): {e}", index=index,
                                 source=str(p)) from e
-    blocks = tuple(Block(j * BLOCK_ROWS, min(BLOCK_ROWS, num_rows - j * BLOCK_ROWS), off)
+    blocks = tuple(Block(j * block_rows, min(block_rows, num_rows - j * block_rows), off)
                    for j, off in enumerate(offsets))
     return num_rows, blocks
