@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from asyncrl.cli import main as cli_main
 from asyncrl.data import DataError, normalize_row, write_rows
 from asyncrl.dataset import Dataset, open_dataset
 from asyncrl.rollout.prompts import PromptSource
@@ -197,3 +198,21 @@ def test_sample_indices_spread_whole_blocks_over_a_large_file(parquet_file):
     assert len(got) == len(set(got)) == 30 and got[:10] == list(range(10)) and 100 in got  # first and last blocks
     touched = {b for b, blk in enumerate(ds.blocks) if any(blk.start <= i < blk.start + blk.count for i in got)}
     assert len(touched) == 3  # whole blocks spread over the file: three decoded, not thirty
+
+
+@pytest.mark.parametrize("damage", ["truncated", "no_prompt_column"])
+def test_asyncrl_train_refuses_a_damaged_file_in_one_line_naming_it_before_starting(damage, parquet_file, tmp_path,
+                                                                                  tiny_model_dir, capsys):
+    bad = tmp_path / f"{damage}.parquet"
+    if damage == "truncated":
+        bad.write_bytes(parquet_file.read_bytes()[:-100])
+        fragment = f"env=arithmetic training rows: {bad}: cannot read as parquet"
+    else:
+        pq.write_table(pa.Table.from_pylist([{k: v for k, v in r.items() if k != "prompt"} for r in ROWS]), bad)
+        fragment = f"env=arithmetic training rows: {bad}: missing column prompt"
+    out = tmp_path / "out"
+    rc = cli_main(["train", "model=custom", f"model.path={tiny_model_dir}", f"trainer.output_dir={out}",
+                   f"env.train_file={bad}", "trainer.wandb=off"])
+    err = capsys.readouterr().err
+    assert (rc, len(err.strip().splitlines())) == (2, 1), err
+    assert fragment in err and not out.exists()
