@@ -10,9 +10,10 @@ path, the file's size and mtime, the row count and a block index (a few numbers 
 A `Dataset` is a `Sequence` of rows: `ds[i]` is row i, read through a per-process reader that
 decodes the block holding i and keeps the last `cache_blocks` decoded blocks (an LRU), so a
 process holds at most `cache_blocks * BLOCK_ROWS` decoded rows whatever the file's size. A parquet
-block is `BLOCK_ROWS` rows of one row group (a larger row group is decoded batch by batch up to
-the block wanted, so its memory stays bounded but a draw costs more CPU; files written by
-`asyncrl data` use row groups of `BLOCK_ROWS` rows). `ds[i]` normalises the row as `read_rows`
+block is `BLOCK_ROWS` rows of one row group; a larger row group is decoded batch by batch up to the
+block wanted, which costs CPU and memory in proportion to the group (`largest_row_group`; the
+preflight warns above `LARGE_ROW_GROUP` rows); files written by `asyncrl data` use row groups of
+`BLOCK_ROWS` rows. `ds[i]` normalises the row as `read_rows`
 does and validates it (`validate_row`); a bad row raises `DataError` naming the file and row i.
 `ds.raw(i)` is the row exactly as `pyarrow`'s `to_pylist` (or `json.loads`) gives it.
 
@@ -40,6 +41,7 @@ from asyncrl.data import ROW_GROUP_ROWS, DataError, normalize_row, validate_row
 
 BLOCK_ROWS = ROW_GROUP_ROWS  # rows decoded at a time: one row group of a file `write_rows` wrote
 CACHE_BLOCKS = 4  # decoded blocks a reader keeps
+LARGE_ROW_GROUP = 65_536  # rows of a row group above which a draw's cost grows with the group (warned about)
 REQUIRED_COLUMNS = ("prompt", "reward_model")
 
 
@@ -143,6 +145,16 @@ class Dataset(Sequence):
         if self._reader is None:
             self._reader = _Reader(self)
         return self._reader
+
+    @property
+    def largest_row_group(self) -> int:
+        """Rows of the file's largest parquet row group (0 for jsonl and rows in memory): a draw decodes up to
+        that many rows, and a worker's memory holds what decoding one takes."""
+        groups: dict[int, int] = {}
+        for b in self.blocks:
+            if b.group >= 0:
+                groups[b.group] = groups.get(b.group, 0) + b.count
+        return max(groups.values(), default=0)
 
     def sample_indices(self, limit: int) -> list[int]:
         """Up to `limit` row indices to check before a run: every row if there are at most `limit`, else

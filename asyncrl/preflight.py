@@ -43,7 +43,7 @@ from asyncrl import registry
 from asyncrl.agent_loop.base import interaction_class, resolve_agent
 from asyncrl.config import Config, ToolSpec
 from asyncrl.data import DataError
-from asyncrl.dataset import Dataset
+from asyncrl.dataset import BLOCK_ROWS, LARGE_ROW_GROUP, Dataset
 from asyncrl.env_api import Env, Sample, load_rows, resolve_env, resolve_reward_fn
 from asyncrl.models import DEFAULT_MODEL, ModelNotFoundError, default_model_cache_dir, find_gguf, is_cached
 from asyncrl.tooling.loader import load_tool_specs, tool_name, tool_schemas
@@ -255,6 +255,10 @@ def check_training_sample(ds: Dataset) -> tuple[list[int], list[dict[str, Any]],
         raise DataError(f"no valid rows among the {len(bad)} checked (first: {bad[0]})", source=ds.source)
     warnings = [f"{len(bad)} of {len(bad) + len(rows)} checked training rows are bad and will be skipped when "
                 f"drawn (env.skip_bad_rows=true; first: {bad[0]})"] if bad else []
+    if ds.largest_row_group > LARGE_ROW_GROUP:
+        warnings.append(f"{ds.source}: row groups of up to {ds.largest_row_group} rows: each prompt drawn decodes "
+                        f"up to that many rows in every rollout worker (CPU and memory); rewrite it with row groups "
+                        f"of {BLOCK_ROWS} rows (pyarrow.parquet.write_table(..., row_group_size={BLOCK_ROWS}))")
     return indices, rows, warnings
 
 

@@ -14,9 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from asyncrl import preflight as preflight_module
 from asyncrl.cli import main as cli_main
 from asyncrl.data import DataError, normalize_row, write_rows
 from asyncrl.dataset import Dataset, open_dataset
+from asyncrl.preflight import check_training_sample
 from asyncrl.rollout.prompts import PromptSource
 
 
@@ -216,3 +218,14 @@ def test_asyncrl_train_refuses_a_damaged_file_in_one_line_naming_it_before_start
     err = capsys.readouterr().err
     assert (rc, len(err.strip().splitlines())) == (2, 1), err
     assert fragment in err and not out.exists()
+
+
+def test_the_preflight_warns_of_row_groups_too_large_to_draw_from_cheaply(tmp_path, monkeypatch):
+    path = tmp_path / "one_group.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS), path)  # one row group of 101 rows
+    ds = open_dataset(path, block_rows=10)
+    assert ds.largest_row_group == 101 and len(ds.blocks) == 11
+    assert check_training_sample(ds)[2] == []
+    monkeypatch.setattr(preflight_module, "LARGE_ROW_GROUP", 100)
+    (warning,) = check_training_sample(ds)[2]
+    assert warning.startswith(f"{path}: row groups of up to 101 rows: each prompt drawn decodes up to that many")
