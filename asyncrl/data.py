@@ -14,8 +14,8 @@ Files are parquet (read with pyarrow) or jsonl. Parquet stores nested mappings a
 which fill the keys a row lacks with null; `read_rows` removes those nulls inside `tools_kwargs`
 and `interaction_kwargs` so a row reads back as it was written.
 
-CLI: `asyncrl data check FILE [--skip-bad]` (exit 1 on the first bad row, naming index and field;
-with --skip-bad, count the bad rows and exit 0), and `asyncrl data ENV ...`, which dispatches to
+CLI: `asyncrl data check FILE [--skip-bad]` (reads every row, a record batch at a time; exit 1 naming
+the first bad row's index and field; with --skip-bad, count the bad rows and exit 0), and `asyncrl data ENV ...`, which dispatches to
 the env class's `add_data_arguments(parser)` / `data_command(args) -> int`.
 """
 
@@ -25,7 +25,7 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -37,6 +37,7 @@ from asyncrl import registry
 log = logging.getLogger("asyncrl.data")
 
 ROLES = ("system", "user", "assistant", "tool")
+ROW_GROUP_ROWS = 4096  # rows per parquet row group `write_rows` writes: a streamed reader decodes one at a time
 
 
 class DataError(ValueError):
@@ -135,7 +136,8 @@ def _drop_nulls(m: Any) -> Any:
     return {k: v for k, v in m.items() if v is not None} if isinstance(m, Mapping) else m
 
 
-def _normalize(row: dict) -> dict:
+def normalize_row(row: dict) -> dict:
+    """Drop the nulls parquet structs add inside `tools_kwargs` / `interaction_kwargs` (see module doc)."""
     extra = row.get("extra_info")
     if isinstance(extra, Mapping):
         extra = dict(extra)
@@ -148,33 +150,43 @@ def _normalize(row: dict) -> dict:
 
 def load_file(path: str | Path) -> list[Any]:
     """The raw rows of a parquet or jsonl file, unvalidated."""
+    return list(iter_file(path))
+
+
+def iter_file(path: str | Path) -> Iterator[Any]:
+    """The raw rows of a parquet (decoded a record batch at a time) or jsonl file, unvalidated."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise DataError(f"no such file (resolved to {p.resolve()})", source=str(path))
     suffix = p.suffix.lower()
     if suffix == ".parquet":
         try:
-            return pq.read_table(p).to_pylist()
+            batches = pq.ParquetFile(p).iter_batches()
+            for batch in batches:
+                yield from batch.to_pylist()
         except Exception as e:
             raise DataError(f"cannot read as parquet: {e}", source=str(path)) from e
+        return
     if suffix in (".jsonl", ".json"):
-        rows = []
+        n = 0
         with open(p, encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
                 try:
-                    rows.append(json.loads(line))
+                    row = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise DataError(f"line {lineno} is not JSON: {e}", index=len(rows), source=str(path)) from e
-        return rows
+                    raise DataError(f"line {lineno} is not JSON: {e}", index=n, source=str(path)) from e
+                n += 1
+                yield row
+        return
     raise DataError(f"unknown file type {suffix!r}; expected .parquet or .jsonl", source=str(path))
 
 
 def read_rows(path: str | Path, *, skip_bad: bool = False) -> list[dict]:
     """Validated rows of a parquet or jsonl file. A bad row raises DataError (index and field), or
     with `skip_bad` is dropped and counted in a warning."""
-    rows = [_normalize(r) if isinstance(r, dict) else r for r in load_file(path)]
+    rows = [normalize_row(r) if isinstance(r, dict) else r for r in load_file(path)]
     good, bad = check_rows(rows)
     if bad and not skip_bad:
         e = bad[0]
@@ -197,7 +209,7 @@ def write_rows(rows: list[dict], path: str | Path) -> Path:
     if suffix == ".parquet":
         try:
             table = pa.Table.from_pylist(rows)
-            pq.write_table(table, p)
+            pq.write_table(table, p, row_group_size=ROW_GROUP_ROWS)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
             raise DataError(f"rows cannot be stored as parquet ({e}); a field must have one type in every "
                             "row and mappings must not be empty", source=str(path)) from e
@@ -241,17 +253,24 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _check_command(path: str, *, skip_bad: bool) -> int:
+    """Validate every row, a record batch at a time (memory bounded whatever the file's size)."""
+    rows = bad = 0
+    first: Optional[DataError] = None
     try:
-        rows = [_normalize(r) if isinstance(r, dict) else r for r in load_file(path)]
+        for i, row in enumerate(iter_file(path)):
+            rows += 1
+            try:
+                validate_row(normalize_row(row) if isinstance(row, dict) else row, i)
+            except DataError as e:
+                bad += 1
+                first = first or e
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    good, bad = check_rows(rows)
     if bad and not skip_bad:
-        e = bad[0]
-        print(f"error: {path}: {e} ({len(bad)} bad of {len(rows)} rows; --skip-bad skips them)", file=sys.stderr)
+        print(f"error: {path}: {first} ({bad} bad of {rows} rows; --skip-bad skips them)", file=sys.stderr)
         return 1
-    print(json.dumps({"file": str(path), "rows": len(rows), "valid": len(good), "skipped": len(bad)}))
+    print(json.dumps({"file": str(path), "rows": rows, "valid": rows - bad, "skipped": bad}))
     if bad:
-        print(f"skipped {len(bad)} bad rows; first: {bad[0]}", file=sys.stderr)
-    return 0 if good else 1
+        print(f"skipped {bad} bad rows; first: {first}", file=sys.stderr)
+    return 0 if rows > bad else 1

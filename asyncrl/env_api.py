@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from asyncrl import registry
-from asyncrl.data import read_rows
+from asyncrl.dataset import Dataset, open_dataset
 
 
 @dataclass
@@ -115,9 +115,11 @@ def resolve_reward_fn(env_cfg: Any) -> Any:
     return resolve_env(env_cfg.name).reward
 
 
-def load_rows(cfg: Any, env: Env, split: str) -> list[dict[str, Any]]:
-    """Rows of `split` ("train" or "val"): the configured parquet/jsonl file if one is named, else the env's."""
+def load_rows(cfg: Any, env: Env, split: str) -> Dataset:
+    """Rows of `split` ("train" or "val") as a `Dataset` (a Sequence of rows, see asyncrl/dataset.py):
+    the configured parquet/jsonl file if one is named, opened without reading its rows (a missing
+    file, a damaged footer or a missing column is a DataError naming it), else the rows the env builds."""
     path = cfg.env.train_file if split == "train" else cfg.env.val_file
     if path:
-        return read_rows(path, skip_bad=cfg.env.skip_bad_rows)
-    return env.build(cfg.env, split)
+        return open_dataset(path, skip_bad=cfg.env.skip_bad_rows)
+    return Dataset.from_rows(env.build(cfg.env, split), skip_bad=cfg.env.skip_bad_rows)

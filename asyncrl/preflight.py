@@ -14,13 +14,20 @@ Checks:
   tools     env.tools and env.tools_config (verl YAML) resolve to tool classes with valid schemas;
   model     model.path holds a Hugging Face checkpoint (config.json, weights, tokenizer); for the
             default model, its converted cache or the GGUF it is converted from (never converted here);
-  rows      the training rows load (and the evaluation rows when trainer.eval_every > 0); each
-            distinct `agent_name` and `extra_info.interaction_kwargs.name` in them resolves;
-  prompts   every row's prompt, rendered as its agent loop renders it (the loop's `chat_format`: the
-            chat template, system prompt, tool schemas), fits agent.max_prompt_tokens. Training rows
-            that do not fit are an error, or, with env.skip_bad_rows, dropped with a warning (counted
-            in the report; the run trains on the rest). Evaluation rows that do not fit are always an
-            error: dropping them would change what the evaluation measures from one run to the next.
+  rows      the training file opens (footer or line index, required columns: asyncrl/dataset.py) and a
+            sample of its rows (every row of a set of at most SAMPLE_ROWS, else whole blocks spread over
+            the file) is valid; the first trainer.eval_samples evaluation rows too when
+            trainer.eval_every > 0, every one of them; each distinct `agent_name` and
+            `extra_info.interaction_kwargs.name` in the rows read resolves. A bad training row outside
+            the sample is found when drawn: it fails that group's episodes (or, with env.skip_bad_rows,
+            is passed over), naming the file and row (asyncrl/rollout/prompts.py);
+  prompts   each row read's prompt, rendered as its agent loop renders it (the loop's `chat_format`:
+            the chat template, system prompt, tool schemas), fits agent.max_prompt_tokens. Training rows
+            that do not fit are an error, or, with env.skip_bad_rows, marked to be skipped when drawn
+            with a warning (counted in the report; the run trains on the rest; a row outside the sample
+            that does not fit fails its episodes with PromptTooLongError). Evaluation rows that do not
+            fit are always an error: dropping them would change what the evaluation measures from one
+            run to the next.
 Numeric ranges are the config schema's (`asyncrl/config.py`, checked at load).
 """
 
@@ -35,12 +42,15 @@ from typing import Any, Optional
 from asyncrl import registry
 from asyncrl.agent_loop.base import interaction_class, resolve_agent
 from asyncrl.config import Config, ToolSpec
+from asyncrl.data import DataError
+from asyncrl.dataset import BLOCK_ROWS, LARGE_ROW_GROUP, Dataset
 from asyncrl.env_api import Env, Sample, load_rows, resolve_env, resolve_reward_fn
 from asyncrl.models import DEFAULT_MODEL, ModelNotFoundError, default_model_cache_dir, find_gguf, is_cached
 from asyncrl.tooling.loader import load_tool_specs, tool_name, tool_schemas
 
 log = logging.getLogger("asyncrl.preflight")
 SHOW_ROWS = 5  # rows named in one problem line; the rest are counted
+SAMPLE_ROWS = 2048  # training rows read and checked before a run (every row of a smaller set)
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -56,7 +66,8 @@ class PreflightError(ValueError):
 @dataclass
 class PreflightReport:
     model: str  # the checkpoint directory, or the GGUF the default model will be converted from
-    train_rows: list[dict[str, Any]]  # what the run trains on (overlong rows dropped with skip_bad_rows)
+    train_rows: Dataset  # what the run trains on (overlong rows found marked to be skipped, with skip_bad_rows)
+    checked_rows: int  # training rows read and checked (a sample of a large set)
     num_val_rows: int
     agents: list[str]  # agent.name first, then other agent_name values of the rows
     tools: list[str]
@@ -67,9 +78,11 @@ class PreflightReport:
 
     def summary(self) -> str:
         dropped = f", {len(self.dropped_rows)} dropped (prompt too long)" if self.dropped_rows else ""
+        n = len(self.train_rows)
+        checked = f" ({self.checked_rows} of them checked)" if self.checked_rows < n else ""
         return "\n".join([
             f"model: {self.model}",
-            f"rows: {len(self.train_rows)} training{dropped}, {self.num_val_rows} evaluation",
+            f"rows: {n - len(self.dropped_rows)} training{checked}{dropped}, {self.num_val_rows} evaluation",
             f"agent: {', '.join(self.agents)}",
             f"tools: {', '.join(self.tools) or '(none)'}",
             f"longest prompt: {self.longest_prompt} tokens (limit agent.max_prompt_tokens={self.max_prompt_tokens})",
@@ -170,11 +183,13 @@ def load_tokenizer(source: str) -> Any:
     return AutoTokenizer.from_pretrained(str(p))
 
 
-def check_row_names(rows: list[dict[str, Any]], cfg: Config, split: str) -> list[str]:
-    """Each distinct `agent_name` and interaction name in `rows` resolves (a row names its loop, verl-style)."""
+def check_row_names(rows: list[dict[str, Any]], cfg: Config, split: str,
+                    indices: Optional[list[int]] = None) -> list[str]:
+    """Each distinct `agent_name` and interaction name in `rows` resolves (a row names its loop, verl-style).
+    `indices` are the rows' indices in their file (default 0, 1, ...)."""
     agents: dict[str, list[int]] = {}
     interactions: dict[str, list[int]] = {}
-    for i, row in enumerate(rows):
+    for i, row in zip(indices or range(len(rows)), rows):
         if row.get("agent_name"):
             agents.setdefault(str(row["agent_name"]), []).append(i)
         kw = (row.get("extra_info") or {}).get("interaction_kwargs") or {}
@@ -211,15 +226,40 @@ def prompt_lengths(rows: list[dict[str, Any]], cfg: Config, tokenizer: Any, sche
     return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-def too_long(lengths: list[int], limit: int, split: str) -> Optional[str]:
-    """One line naming the rows whose prompt exceeds `limit` tokens (the longest first), or None."""
-    over = sorted(((n, i) for i, n in enumerate(lengths) if n > limit), reverse=True)
+def too_long(lengths: list[int], limit: int, split: str, indices: Optional[list[int]] = None) -> Optional[str]:
+    """One line naming the rows whose prompt exceeds `limit` tokens (the longest first), or None.
+    `indices` are the rows' indices in their file (default 0, 1, ...)."""
+    over = sorted(((n, i) for n, i in zip(lengths, indices or range(len(lengths))) if n > limit), reverse=True)
     if not over:
         return None
     shown = ", ".join(f"row {i} ({n:,} tokens)" for n, i in over[:SHOW_ROWS])
     more = ", ..." if len(over) > SHOW_ROWS else ""
     return (f"{len(over)} of {len(lengths)} {split} rows have prompts longer than agent.max_prompt_tokens={limit}: "
             f"{shown}{more}")
+
+
+def check_training_sample(ds: Dataset) -> tuple[list[int], list[dict[str, Any]], list[str]]:
+    """The valid (indices, rows) among `ds.sample_indices(SAMPLE_ROWS)`, and warnings; DataError at the first
+    bad one unless the dataset skips bad rows, or when none is valid."""
+    indices, rows, bad = [], [], []
+    for i in ds.sample_indices(SAMPLE_ROWS):
+        try:
+            rows.append(ds[i])
+        except DataError as e:
+            bad.append(e)
+        else:
+            indices.append(i)
+    if bad and not ds.skip_bad:
+        raise bad[0]
+    if not rows:
+        raise DataError(f"no valid rows among the {len(bad)} checked (first: {bad[0]})", source=ds.source)
+    warnings = [f"{len(bad)} of {len(bad) + len(rows)} checked training rows are bad and will be skipped when "
+                f"drawn (env.skip_bad_rows=true; first: {bad[0]})"] if bad else []
+    if ds.largest_row_group > LARGE_ROW_GROUP:
+        warnings.append(f"{ds.source}: row groups of up to {ds.largest_row_group} rows: each prompt drawn decodes "
+                        f"up to that many rows in every rollout worker (CPU and memory); rewrite it with row groups "
+                        f"of {BLOCK_ROWS} rows (pyarrow.parquet.write_table(..., row_group_size={BLOCK_ROWS}))")
+    return indices, rows, warnings
 
 
 # ----------------------------------------------------------------------------- all of them
@@ -235,17 +275,19 @@ def preflight(cfg: Config) -> PreflightReport:
     problems += tool_problems
     model, model_problems = check_model(cfg)
     problems += model_problems
-    train = val = None
+    dataset = sample = val = None
     if env is not None:
-        train = problems.attempt(f"env={cfg.env.name} training rows", lambda: load_rows(cfg, env, "train"))
-        if train is not None and not train:
+        dataset = problems.attempt(f"env={cfg.env.name} training rows", lambda: load_rows(cfg, env, "train"))
+        if dataset is not None and not len(dataset):
             problems.append(f"env={cfg.env.name}: the training set is empty")
-        if cfg.trainer.eval_every:
-            val = problems.attempt(f"env={cfg.env.name} evaluation rows", lambda: load_rows(cfg, env, "val"))
-            val = val[: cfg.trainer.eval_samples] if val is not None else None
-    for split, rows in (("training", train), ("evaluation", val)):
-        if rows:
-            problems += check_row_names(rows, cfg, split)
+        elif dataset is not None:
+            sample = problems.attempt(f"env={cfg.env.name} training rows", lambda: check_training_sample(dataset))
+        if cfg.trainer.eval_every:  # the rows evaluation uses, every one of them
+            val = problems.attempt(f"env={cfg.env.name} evaluation rows",
+                                   lambda: load_rows(cfg, env, "val")[: cfg.trainer.eval_samples])
+    indices, train, warnings = sample if sample is not None else ([], [], [])
+    problems += check_row_names(train, cfg, "training", indices)
+    problems += check_row_names(val or [], cfg, "evaluation")
     if problems or model is None or specs is None or not train:
         raise PreflightError(problems)
 
@@ -256,16 +298,16 @@ def preflight(cfg: Config) -> PreflightReport:
     limit = cfg.agent.max_prompt_tokens
     lengths = problems.attempt("prompt lengths", lambda: prompt_lengths(train, cfg, tokenizer, schemas)) or []
     val_lengths = problems.attempt("prompt lengths", lambda: prompt_lengths(val or [], cfg, tokenizer, schemas)) or []
-    warnings, dropped = [], []
-    long_train = too_long(lengths, limit, "training")
+    dropped = []
+    long_train = too_long(lengths, limit, "training", indices)
     if long_train and cfg.env.skip_bad_rows:
-        dropped = [(i, n) for i, n in enumerate(lengths) if n > limit]
+        dropped = [(i, n) for i, n in zip(indices, lengths) if n > limit]
         warnings.append(f"{long_train}; dropped (env.skip_bad_rows=true)")
-        keep = {i for i, n in enumerate(lengths) if n <= limit}
-        train = [r for i, r in enumerate(train) if i in keep]
+        dataset = dataset.skipping(i for i, _ in dropped)
+        train = [r for r, n in zip(train, lengths) if n <= limit]
         lengths = [n for n in lengths if n <= limit]
         if not train:
-            problems.append(f"every training row's prompt is longer than agent.max_prompt_tokens={limit}")
+            problems.append(f"every checked training row's prompt is longer than agent.max_prompt_tokens={limit}")
     elif long_train:
         problems.append(f"{long_train} (raise agent.max_prompt_tokens, or set env.skip_bad_rows=true to drop them)")
     long_val = too_long(val_lengths, limit, "evaluation")
@@ -274,6 +316,7 @@ def preflight(cfg: Config) -> PreflightReport:
     if problems:
         raise PreflightError(problems)
     agents = [cfg.agent.name] + sorted({str(r["agent_name"]) for r in train if r.get("agent_name")} - {cfg.agent.name})
-    return PreflightReport(model=model, train_rows=train, num_val_rows=len(val or []), agents=agents,
+    return PreflightReport(model=model, train_rows=dataset, checked_rows=len(dataset.sample_indices(SAMPLE_ROWS)),
+                           num_val_rows=len(val or []), agents=agents,
                            tools=[tool_name(s) for s in specs], longest_prompt=max(lengths, default=0),
                            max_prompt_tokens=limit, dropped_rows=dropped, warnings=warnings)

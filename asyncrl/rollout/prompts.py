@@ -7,17 +7,29 @@ p % R == r. The group id is derived from the run's id, the position and the retr
 dropped unserved), so a prompt issued again after a crash or on resume produces the same trajectory
 uids and the buffer stores them once, while a retry is a new group (the buffer has closed the old one)
 and another run's prompts never share an id with this run's (the run id is asyncrl/run_dir.py's).
+
+Rows come from a `Dataset` (asyncrl/dataset.py; a plain list is wrapped as rows built in memory),
+read one at a time: only the current epoch's permutation is held, an int64 array of N entries
+(8 MB at a million rows). A row that fails validation when drawn gives a draw with `error` set
+(the worker fails that group's episodes with it, naming the file and row), or, when the dataset
+skips bad rows (`env.skip_bad_rows`), its position is passed over by `next()` and counted in
+`rows_skipped`; validity is a property of the row, so a resumed source passes over the same ones.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
+from asyncrl.data import DataError
+from asyncrl.dataset import Dataset
 from asyncrl.run_dir import check_run_id
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -25,9 +37,10 @@ class PromptDraw:
     position: int
     epoch: int
     data_index: int
-    row: dict[str, Any]
+    row: Optional[dict[str, Any]]  # None when the row is bad (then `error` says why)
     retry: int = 0  # 0: first issue; k: the k-th re-issue after its group was dropped unserved
     run_id: str = ""  # the run that draws it (PromptSource's); part of the group id
+    error: str = ""  # the row failed validation: the DataError's text (file, row, field)
 
     @property
     def group_id(self) -> str:
@@ -63,14 +76,17 @@ def parse_group_id(group_id: str) -> GroupKey:
 
 
 class PromptSource:
-    def __init__(self, rows: list[dict[str, Any]], *, run_id: str, seed: int, shuffle: bool = True,
+    def __init__(self, rows: Dataset | list[dict[str, Any]], *, run_id: str, seed: int, shuffle: bool = True,
                  shard: int = 0, num_shards: int = 1, start_position: int | None = None):
         self.run_id = check_run_id(run_id, "PromptSource run_id")
-        if not rows:
+        if not isinstance(rows, Dataset):
+            rows = Dataset.from_rows(rows)
+        if not len(rows):
             raise ValueError("the training dataset is empty")
         if not 0 <= shard < num_shards:
             raise ValueError(f"shard {shard} out of range for {num_shards} shards")
         self.rows, self.seed, self.shuffle = rows, seed, shuffle
+        self.rows_skipped = 0  # bad rows passed over by next() (skip_bad datasets)
         self.shard, self.num_shards = shard, num_shards
         self._perms: dict[int, np.ndarray] = {}
         first = shard if start_position is None else start_position
@@ -88,9 +104,20 @@ class PromptSource:
         n = len(self.rows)
         epoch, offset = divmod(position, n)
         idx = int(self._perm(epoch)[offset])
-        return PromptDraw(position, epoch, idx, self.rows[idx], retry, self.run_id)
+        try:
+            return PromptDraw(position, epoch, idx, self.rows[idx], retry, run_id=self.run_id)
+        except DataError as e:
+            return PromptDraw(position, epoch, idx, None, retry, run_id=self.run_id, error=str(e))
 
     def next(self) -> PromptDraw:
-        draw = self.at(self.next_position)
-        self.next_position += self.num_shards
-        return draw
+        """The next position's draw; a bad row's position is passed over when the dataset skips bad rows
+        (DataError once a whole dataset's worth of positions in a row were bad)."""
+        for _ in range(len(self.rows)):
+            draw = self.at(self.next_position)
+            self.next_position += self.num_shards
+            if not (draw.error and self.rows.skip_bad):
+                return draw
+            self.rows_skipped += 1
+            log.warning("position %d skipped (env.skip_bad_rows): %s", draw.position, draw.error)
+        raise DataError(f"{len(self.rows)} positions in a row drew bad rows; last: {draw.error}",
+                        source=self.rows.source)

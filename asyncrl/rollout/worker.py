@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from asyncrl.config import Config
+from asyncrl.data import DataError
+from asyncrl.dataset import Dataset
 from asyncrl.engine.base import GenerateResult, Generator, SamplingParams
 from asyncrl.env_api import Sample
 from asyncrl.job_state import EpisodeError, RolloutPosition, RolloutState
@@ -95,7 +97,7 @@ class ErrorTally:
 class RolloutWorker:
     EPISODE_ATTEMPTS = 3
 
-    def __init__(self, cfg: Config, *, worker_id: int, num_workers: int, rows: list[dict[str, Any]],
+    def __init__(self, cfg: Config, *, worker_id: int, num_workers: int, rows: Dataset | list[dict[str, Any]],
                  engine: Generator, tokenizer: Any, buffer_address: str, output_dir: str | Path,
                  run_id: str, tool_overrides: dict | None = None, position: RolloutPosition | None = None,
                  version: int = 0):
@@ -221,10 +223,26 @@ class RolloutWorker:
 
     async def _run_group(self, draw: PromptDraw) -> None:
         n = self.cfg.algorithm.n_samples
+        if draw.error:  # a bad row (asyncrl/dataset.py validates it when drawn): its episodes fail, not the run
+            await self._fail_group(draw, DataError(draw.error), n)
+            return
         samples = [Sample.from_row(draw.row, data_index=draw.data_index, group_id=draw.group_id,
                                    sample_index=k, group_size=n) for k in range(n)]
         await asyncio.gather(*(self._run_episode(s) for s in samples))
         if self.inflight.get(draw.position) is draw:  # not already taken out by a drop report
+            del self.inflight[draw.position]
+        self.counts["groups_done"] += 1
+
+    async def _fail_group(self, draw: PromptDraw, error: Exception, n: int) -> None:
+        """Report all `n` episodes of `draw`'s group failed with `error`, without running them."""
+        log.warning("group %s failed without running: %s", draw.group_id, error)
+        self.counts["episode_errors"] += n
+        self.counts["episodes_failed"] += n
+        for _ in range(n):
+            self.errors.add(error, draw.data_index)
+            self.recent_failed.append(True)
+        await self.producer.report_failed(draw.group_id, n, n)
+        if self.inflight.get(draw.position) is draw:
             del self.inflight[draw.position]
         self.counts["groups_done"] += 1
 

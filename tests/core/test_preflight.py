@@ -28,6 +28,7 @@ from asyncrl.preflight import (
     prompt_lengths,
     too_long,
 )
+from asyncrl.rollout.prompts import PromptSource
 from asyncrl.tooling.loader import load_tool_specs, tool_schemas
 
 
@@ -184,7 +185,8 @@ def test_overlong_rows_fail_or_with_skip_bad_rows_are_dropped(tmp_path, tiny_mod
     (line,) = e.value.problems
     assert line.startswith("1 of 3 training rows have prompts longer than agent.max_prompt_tokens=400: row 1 (")
     report = preflight(load_config([*args, "env.skip_bad_rows=true"]))
-    assert [r["prompt"][0]["content"] for r in report.train_rows] == ["2+2?", "3+3?"]
+    src = PromptSource(report.train_rows, run_id="t", seed=0, shuffle=False)  # what the run draws: row 1 is passed over
+    assert [src.next().row["prompt"][0]["content"] for _ in range(3)] == ["2+2?", "3+3?", "2+2?"]
     assert [i for i, _ in report.dropped_rows] == [1] and report.dropped_rows[0][1] > 400
     assert report.warnings[0].endswith("dropped (env.skip_bad_rows=true)")
     assert report.longest_prompt <= 400 and "2 training, 1 dropped" in report.summary()

@@ -7,9 +7,11 @@ import json
 import subprocess
 import sys
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from asyncrl.data import DataError, check_rows, read_rows, validate_row, write_rows
+from asyncrl.data import DataError, _check_command, check_rows, iter_file, read_rows, validate_row, write_rows
 
 GOOD = {
     "data_source": "arithmetic",
@@ -145,3 +147,16 @@ def test_data_check_cli_real_process(tmp_path):
     good = write_rows(rows[:3], tmp_path / "good.parquet")
     p = subprocess.run(cmd + [str(good)], capture_output=True, text=True, timeout=100)
     assert p.returncode == 0 and json.loads(p.stdout)["valid"] == 3
+
+
+def test_data_check_reads_a_parquet_a_batch_at_a_time_and_names_the_bad_row(tmp_path, capsys):
+    rows = [copy.deepcopy(GOOD) for _ in range(10)]
+    rows[7]["prompt"] = [{"role": "robot", "content": "hi"}]
+    path = tmp_path / "groups.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=3)  # row 7 is in the third group
+    assert list(iter_file(path)) == pq.read_table(path).to_pylist()
+    assert _check_command(str(path), skip_bad=False) == 1
+    err = capsys.readouterr().err
+    assert "row 7, field 'prompt[0].role'" in err and "(1 bad of 10 rows" in err
+    assert _check_command(str(path), skip_bad=True) == 0
+    assert json.loads(capsys.readouterr().out) == {"file": str(path), "rows": 10, "valid": 9, "skipped": 1}
