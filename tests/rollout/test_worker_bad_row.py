@@ -30,7 +30,7 @@ async def test_a_bad_row_fails_its_group_naming_file_and_row_and_the_worker_goes
     consumer = BufferConsumer(svc.address)
     engine = ScriptedEngine(tokenizer, ["The answer is 4."] * 64)
     worker = RolloutWorker(cfg, worker_id=0, num_workers=1, rows=open_dataset(path), engine=engine,
-                           tokenizer=tokenizer, buffer_address=svc.address, output_dir=tmp_path)
+                           tokenizer=tokenizer, buffer_address=svc.address, output_dir=tmp_path, run_id="t")
     bad_position = next(p for p in range(2) if worker.source.at(p).data_index == 0)
     run = asyncio.create_task(worker.run())
     dropped: list[tuple[str, str]] = []
@@ -53,7 +53,7 @@ async def test_a_bad_row_fails_its_group_naming_file_and_row_and_the_worker_goes
         consumer.close()
         svc.stop()
 
-    assert dropped[0] == (f"g{bad_position}", "failed")
+    assert dropped[0] == (f"t-g{bad_position}", "failed")
     (err,) = [e for e in st.errors if "rows.jsonl" in e.message]
     assert f"{path.resolve()}, row 0, field 'prompt[0].content': missing" in err.message and err.data_index == 0
     assert st.episodes_failed >= 2 and st.episodes >= 2  # the good row's episodes ran beside it
