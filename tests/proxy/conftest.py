@@ -3,6 +3,7 @@ its tokenizer, and a ProxyServer in front of it per test."""
 
 from __future__ import annotations
 
+import openai
 import pytest
 from transformers import AutoTokenizer
 
@@ -48,3 +49,17 @@ async def client_engine(proxy_engine):
 async def proxy(client_engine, proxy_tokenizer):
     async with ProxyServer(client_engine, proxy_tokenizer, agent_cfg()) as p:
         yield p
+
+
+@pytest.fixture
+async def oai(proxy):
+    """`oai(session)`: a real openai.AsyncOpenAI for the episode's key (closed when the test ends)."""
+    made: list[openai.AsyncOpenAI] = []
+
+    def make(session) -> openai.AsyncOpenAI:
+        made.append(openai.AsyncOpenAI(base_url=proxy.base_url, api_key=session.key, max_retries=0))
+        return made[-1]
+
+    yield make
+    for c in made:
+        await c.close()

@@ -8,8 +8,6 @@ ChatML delta, the mask is 1 on generated ids only, versions per token.
 
 from __future__ import annotations
 
-import openai
-
 from asyncrl.agent_loop.chat import ChatFormat
 from asyncrl.engine.base import SamplingParams
 
@@ -17,10 +15,6 @@ CALC = {"type": "function", "function": {"name": "calculator", "description": "E
                                          "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
                                                         "required": ["expression"]}}}
 QUESTION = "What is 3*4+5?"
-
-
-def client_for(proxy, session) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=proxy.base_url, api_key=session.key, max_retries=0)
 
 
 def runs(mask: list[int], ids: list[int]) -> list[list[int]]:
@@ -43,10 +37,10 @@ def closing(tok, g: list[int]) -> str:
     return "\n" if g and g[-1] == tok.convert_tokens_to_ids("<|im_end|>") else "<|im_end|>\n"
 
 
-async def test_multi_turn_agent_gets_one_trajectory_of_the_engines_exact_tokens(proxy, client_engine, proxy_tokenizer):
+async def test_multi_turn_agent_gets_one_trajectory_of_the_engines_exact_tokens(proxy, oai, client_engine, proxy_tokenizer):
     tok = proxy_tokenizer
     s = proxy.open_session("g0-0")
-    client = client_for(proxy, s)
+    client = oai(s)
     msgs = [{"role": "user", "content": QUESTION}]
     r1 = await client.chat.completions.create(model="policy", messages=msgs, tools=[CALC], max_tokens=8)
     msgs.append(r1.choices[0].message.model_dump())  # what agents send back, None fields included
