@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from asyncrl.agent_loop.chat import ChatFormat
 from asyncrl.engine.base import SamplingParams
+from tests.engine.conftest import post
 
 CALC = {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
                                          "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
@@ -37,13 +38,20 @@ def closing(tok, g: list[int]) -> str:
     return "\n" if g and g[-1] == tok.convert_tokens_to_ids("<|im_end|>") else "<|im_end|>\n"
 
 
-async def test_multi_turn_agent_gets_one_trajectory_of_the_engines_exact_tokens(proxy, oai, client_engine, proxy_tokenizer):
+async def test_multi_turn_agent_gets_one_trajectory_of_the_engines_exact_tokens(proxy, oai, client_engine, proxy_tokenizer,
+                                                                               proxy_engine, proxy_model_dir):
+    """Across a weight update between the turns (the same weights reloaded from disk as version v+1, so
+    greedy outputs stay reproducible): each generated token carries the version that produced it."""
     tok = proxy_tokenizer
     s = proxy.open_session("g0-0")
     client = oai(s)
     msgs = [{"role": "user", "content": QUESTION}]
     r1 = await client.chat.completions.create(model="policy", messages=msgs, tools=[CALC], max_tokens=8)
     msgs.append(r1.choices[0].message.model_dump())  # what agents send back, None fields included
+    (v0,) = await client_engine.weight_versions()
+    r = await post(proxy_engine.url, "/update_weights_from_disk", {"model_path": str(proxy_model_dir),
+                                                                   "weight_version": str(v0 + 1)})
+    assert r.status_code == 200, r.text
     msgs.append({"role": "user", "content": "Check it."})
     r2 = await client.chat.completions.create(model="policy", messages=msgs, tools=[CALC], max_tokens=8,
                                               logprobs=True)
@@ -63,7 +71,7 @@ async def test_multi_turn_agent_gets_one_trajectory_of_the_engines_exact_tokens(
     assert mask == [1] * len(g[0]) + [0] * len(delta) + [1] * len(g[1])
     assert g[1] == await direct(client_engine, prompt + g[0] + delta, 8, stop_ids)
     versions = traj.versions.numpy().tolist()
-    assert versions == [0] * len(g[0]) + [-1] * len(delta) + [0] * len(g[1])
+    assert versions == [v0] * len(g[0]) + [-1] * len(delta) + [v0 + 1] * len(g[1])
     lps = traj.behavior_logprobs.numpy().tolist()
     got = [c.logprob for c in r2.choices[0].logprobs.content]
     assert [round(x, 4) for x in lps[-len(g[1]):]] == [round(x, 4) for x in got]
