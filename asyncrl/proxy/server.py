@@ -9,7 +9,8 @@ closes it when it ends. Generation goes token in, token out through the rollout 
 Per request: validate (requests.py) -> prompt ids (Session.chat_prompt / text_prompt) -> budget
 (prompt + max_tokens within agent.max_prompt_tokens + agent.max_response_tokens, else 400
 context_length_exceeded; max_tokens defaults to agent.max_turn_tokens) -> generate with the
-request's temperature / top_p / seed (else agent.sampling's), agent.sampling.top_k, the template's
+request's temperature / top_p / seed (else agent.sampling's), agent.sampling's top_k and
+min_new_tokens, the template's
 stop tokens -> cut at the first `stop` string (a prefix of the engine's ids, so logprobs and versions
 stay exact) -> tool calls parsed by agent.tool_parser into `tool_calls` when the request has tools
 and tool_choice is not "none" -> record -> reply (replies.py). An engine failure is answered 503
@@ -172,7 +173,8 @@ class ProxyServer:
         s.sampling_overridden += int(temperature != base.temperature)
         max_new = sp.max_tokens if sp.max_tokens is not None else min(self.cfg.max_turn_tokens, room)
         params = SamplingParams(temperature=temperature, top_p=base.top_p if sp.top_p is None else sp.top_p,
-                                top_k=base.top_k, max_new_tokens=max_new, stop_token_ids=list(self.stop_ids),
+                                top_k=base.top_k, max_new_tokens=max_new, min_new_tokens=min(base.min_new_tokens, max_new),
+                                stop_token_ids=list(self.stop_ids),
                                 sampling_seed=sp.seed)
         try:
             out = await self.engine.generate(prompt_ids, params, rid=f"{s.uid}-call{s.started}", session_id=s.uid)
