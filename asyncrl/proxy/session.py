@@ -145,9 +145,9 @@ class Session:
         mapped to recorded output ids."""
         rendered = [render_message(m, chat.supports_tools) for m in messages]
         matches = [self.find(m) if i > 0 else None for i, m in enumerate(messages)]
-        system_added = len(chat.prompt_messages(rendered)) - len(rendered)  # a system message for the tools text
-        rendered = chat.prompt_messages(rendered)
-        matches = [None] * system_added + matches
+        merged = chat.prompt_messages(rendered)  # may open with a new system message for the tools text
+        matches = [None] * (len(merged) - len(rendered)) + matches
+        rendered = merged
         ids: Optional[list[int]] = None
         start, last_out, mapped = 0, None, 0
         for i, rec in enumerate(matches):
