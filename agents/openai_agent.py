@@ -195,6 +195,7 @@ class OpenAIAgent(AgentLoop):
             "proxy/tool_calls": float(sum(len(r.tool_calls) for r in s.records)),
             "proxy/bad_requests": float(s.bad_requests),
             "proxy/sampling_overridden": float(s.sampling_overridden),
+            "proxy/messages_mapped": float(s.messages_mapped),
             f"proxy/reward_{source}": 1.0,
             "assistant_turns": float(len(chain.records)),
             "generated_tokens": float(sum(traj.loss_mask.numpy())),

@@ -197,7 +197,8 @@ class ProxyServer:
     async def chat(self, s: Session, body: dict[str, Any]) -> Any:
         req = parse_chat(body)
         chat = self.chat_format(req.tools)
-        prompt_ids, _ = s.chat_prompt(chat, req.messages)
+        prompt_ids, mapped = s.chat_prompt(chat, req.messages)
+        s.messages_mapped += mapped
         rec = await self.generate(s, "chat", prompt_ids, req.sampling, "messages")
         rec.content = rec.text
         if req.tools and req.tool_choice != "none":

@@ -124,6 +124,7 @@ class Session:
         self.completion_rewards: dict[str, float] = {}
         self.bad_requests = 0
         self.sampling_overridden = 0  # calls whose temperature differs from agent.sampling's
+        self.messages_mapped = 0  # assistant messages of requests mapped back to recorded output ids
         self.engine_error: Optional[BaseException] = None
         self.closed = False
 

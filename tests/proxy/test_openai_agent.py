@@ -58,6 +58,7 @@ async def test_returned_reward_and_merged_turns_reach_the_trajectory(plugin_regi
     assert traj.reward == 0.5 and traj.agent == "openai_agent" and traj.uid == "g0-0"
     assert traj.metrics["proxy/calls"] == 2 and traj.metrics["proxy/calls_merged"] == 1
     assert traj.metrics["proxy/chains"] == 1 and traj.metrics["proxy/reward_returned"] == 1
+    assert traj.metrics["proxy/messages_mapped"] == 1
     assert traj.num_turns == 2 and traj.loss_mask.numpy().sum() == traj.metrics["generated_tokens"] > 0
 
 
