@@ -81,6 +81,8 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise bad("body", f"malformed JSON: {e}", "invalid_json") from None
+    except RecursionError:
+        raise bad("body", "JSON nested too deeply", "invalid_json") from None
     if not isinstance(body, dict):
         raise bad("body", f"must be a JSON object, got {type(body).__name__}", "invalid_type")
     return body

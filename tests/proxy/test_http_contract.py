@@ -51,6 +51,8 @@ async def test_unknown_absent_and_ended_keys_get_openai_401(proxy, oai, path, me
 MALFORMED = [
     (b"{not json", "body"),
     (b"[1, 2]", "body"),
+    (b"[" * 100_000 + b"]" * 100_000, "body"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "\xff"}]}', "body"),
     (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "temperature"),
     (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 1e999}', "temperature"),
     (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_p": Infinity}', "top_p"),
