@@ -7,8 +7,10 @@ Per episode the loop opens a session on the rollout worker's OpenAI-compatible p
   registered with `@register("openai_agent_fn", name)` (or named as module:fn / file.py:fn);
 - `agent.openai.command`: an external command (argv list) started per episode in its own process
   group, with OPENAI_BASE_URL, OPENAI_API_KEY (the episode's key), ASYNCRL_REWARD_URL (POST
-  {reward, completion_id?}) and ASYNCRL_SAMPLE (the sample as JSON, also on stdin); the run's engine
-  token is not passed on. It must exit 0.
+  {reward, completion_id?}), ASYNCRL_SAMPLE (the sample as JSON, also on stdin) and
+  ASYNCRL_TOOL_CONFIG (the env's services for tools as JSON, e.g. the Search-R1 retrieval server's
+  {"search": {"retrieval_service_url", "topk"}}); the run's engine token is not passed on. It must
+  exit 0.
 
 Both are bounded by `agent.openai.timeout_s` (the command's process group is SIGKILLed after it).
 Reward: the function's return value; else what the agent POSTed to /rl/set_reward; else the env's
@@ -115,11 +117,13 @@ async def run_function(oc: OpenAIAgentConfig, proxy: ProxyServer, s: Session, sa
     return float(got)
 
 
-async def run_command(oc: OpenAIAgentConfig, proxy: ProxyServer, s: Session, sample: Sample) -> None:
+async def run_command(oc: OpenAIAgentConfig, proxy: ProxyServer, s: Session, sample: Sample,
+                      tool_config: dict[str, Any]) -> None:
     env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV and k != ENGINE_TOKEN_ENV}
     payload = sample_json(sample)
     env.update(OPENAI_BASE_URL=proxy.base_url, OPENAI_API_KEY=s.key, ASYNCRL_SAMPLE=payload,
-               ASYNCRL_REWARD_URL=proxy.base_url.removesuffix("/v1") + "/rl/set_reward")
+               ASYNCRL_REWARD_URL=proxy.base_url.removesuffix("/v1") + "/rl/set_reward",
+               ASYNCRL_TOOL_CONFIG=json.dumps(tool_config, default=str))
     try:
         proc = await asyncio.create_subprocess_exec(*oc.command, stdin=asyncio.subprocess.PIPE,
                                                     stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
@@ -154,7 +158,8 @@ class OpenAIAgent(AgentLoop):
         proxy = await proxy_for(ctx)
         s = proxy.open_session(sample.uid)
         try:
-            drive = run_function(oc, proxy, s, sample) if oc.function is not None else run_command(oc, proxy, s, sample)
+            drive = (run_function(oc, proxy, s, sample) if oc.function is not None
+                     else run_command(oc, proxy, s, sample, ctx.tool_overrides))
             try:
                 returned = await asyncio.wait_for(drive, oc.timeout_s)
             except TimeoutError:
