@@ -125,6 +125,21 @@ class SamplingConfig:
 
 
 @dataclass
+class OpenAIAgentConfig:
+    """agent=openai_agent: the user's OpenAI-client agent, run per episode against the proxy (asyncrl/proxy)."""
+
+    function: Optional[str] = None  # a registered openai_agent_fn, or module:fn / file.py:fn
+    command: Optional[list[str]] = None  # else an external command (OPENAI_BASE_URL, OPENAI_API_KEY, sample on stdin)
+    timeout_s: float = 600.0  # one episode's wall clock; the command's process group is killed after it
+    turn_discount: float = 1.0  # a split call's reward: episode reward x discount ** (calls after it)
+    model_name: str = "asyncrl-policy"  # what GET /v1/models lists
+
+    def __post_init__(self) -> None:
+        _positive(self, "agent.openai", "timeout_s")
+        _check(0.0 < self.turn_discount <= 1.0, "agent.openai.turn_discount", f"must be in (0, 1], got {self.turn_discount}")
+
+
+@dataclass
 class AgentConfig:
     name: str = "tool_agent"  # a registered agent loop
     max_assistant_turns: int = 4
@@ -139,6 +154,7 @@ class AgentConfig:
     max_consecutive_invalid_calls: int = 3
     system_prompt: Optional[str] = None
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    openai: OpenAIAgentConfig = field(default_factory=OpenAIAgentConfig)
 
     def __post_init__(self) -> None:
         _at_least(self, "agent", 1, "max_assistant_turns", "max_turn_tokens", "max_response_tokens", "max_prompt_tokens",

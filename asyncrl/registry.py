@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-KINDS = ("agent", "tool", "tool_parser", "interaction", "env", "reward")
+KINDS = ("agent", "tool", "tool_parser", "interaction", "env", "reward", "openai_agent_fn")
 ENTRY_POINT_GROUP = "asyncrl.plugins"
 
 

@@ -140,10 +140,10 @@ def batch_metrics(batch: Any, version: int) -> dict[str, float]:
     rewards = [t.reward for t in trajs]
     stale = [version - t.min_version() for t in trajs]
     n_tok = sum(int(t.loss_mask.numpy().sum()) for t in trajs)
-    parts: dict[str, list[float]] = {}  # the reward function's extra outputs (reward/correct, ...)
+    parts: dict[str, list[float]] = {}  # the reward function's extra outputs (reward/correct, ...), the proxy's counts
     for t in trajs:
         for k, v in t.metrics.items():
-            if k.startswith("reward/"):
+            if k.startswith(("reward/", "proxy/")):
                 parts.setdefault(k, []).append(v)
     return {
         **{f"train/{k}": sum(v) / len(v) for k, v in parts.items()},

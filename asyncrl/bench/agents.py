@@ -11,6 +11,14 @@
   `python -c 'print(1)'` subprocess, median over `--sandbox-repeats` calls.
 - loop throughput: whole tool_agent episodes (2 calculator calls + answer) per second against a
   replaying engine double (zero model time), i.e. the loop's own overhead.
+- OpenAI proxy: one chat completion of exactly 16 tokens (greedy, min_new_tokens=16) through the
+  proxy with the real `openai` client, the second call of an episode (its history mapped back to the
+  first call's ids), vs a direct EngineClient.generate of the same prompt ids on the same embedded
+  engine (the default model on CPU), interleaved, median over `--proxy-repeats`. The proxy's own
+  cost (`proxy_overhead_ms`) is the client-observed call less the engine call inside it (measured
+  in the same call, so the engine's variance on a shared machine does not enter it);
+  `proxy_overhead_ratio` is that cost over the direct 16-token call; `proxy_call_vs_direct_ratio`
+  compares the two whole calls (engine variance included).
 """
 
 from __future__ import annotations
@@ -30,10 +38,13 @@ from asyncrl.agent_loop.base import AgentContext, run_episode
 from asyncrl.agent_loop.chat import ChatFormat
 from asyncrl.agent_loop.tool_calls import ToolCall
 from asyncrl.agent_loop.tool_runner import ToolRunner
-from asyncrl.config import AgentConfig, ModelConfig
-from asyncrl.engine.base import GenerateResult
+from asyncrl.config import AgentConfig, ModelConfig, SamplingConfig
+from asyncrl.engine.base import GenerateResult, SamplingParams
+from asyncrl.engine.client import EngineClient
+from asyncrl.engine.launcher import launch_embedded
 from asyncrl.env_api import Sample
 from asyncrl.models import resolve_model_dir
+from asyncrl.proxy.server import ProxyServer
 from asyncrl.tooling.base import Tool
 from asyncrl.tooling.loader import load_tool_specs
 from asyncrl.tools.python import PythonTool
@@ -46,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--episodes", type=int, default=50)
     parser.add_argument("--sandbox-repeats", type=int, default=20, help="calls of the python tool to time")
+    parser.add_argument("--proxy-repeats", type=int, default=10, help="proxy vs direct calls to time")
 
 
 class ReplayEngine:
@@ -145,11 +157,67 @@ async def bench_loop(tok: Any, episodes: int) -> dict[str, float]:
     return {"episodes_per_s": round(episodes / dt, 1), "loop_ms_per_turn": round(dt / episodes / 3 * 1e3, 3)}
 
 
+class TimedGenerator:
+    """The engine client, timing each generate: the proxy's own cost is a call's time less this."""
+
+    def __init__(self, inner: Any):
+        self.inner, self.last_s = inner, 0.0
+
+    async def generate(self, input_ids: list[int], sampling: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return await self.inner.generate(input_ids, sampling, **kw)
+        finally:
+            self.last_s = time.perf_counter() - t0
+
+
+async def _proxy_vs_direct(url: str, tok: Any, repeats: int, n: int = 16) -> dict[str, float]:
+    import openai  # the dev extra's; only this part of the bench needs it
+
+    cfg = AgentConfig(max_turn_tokens=n, sampling=SamplingConfig(temperature=0.0, min_new_tokens=n))
+    question = [{"role": "user", "content": "What is 3*4+5? Think step by step."}]
+    proxy_s, direct_s, own_s = [], [], []
+    async with EngineClient(url) as engine, ProxyServer(TimedGenerator(engine), tok, cfg) as proxy:
+        for i in range(repeats + 1):  # the first round warms both paths up and is not counted
+            s = proxy.open_session(f"bench-{i}")
+            async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key=s.key, max_retries=0) as client:
+                first = await client.chat.completions.create(model="policy", messages=question, max_tokens=n)
+                msgs = question + [first.choices[0].message.model_dump(exclude_none=True),
+                                   {"role": "user", "content": "Are you sure?"}]
+                t0 = time.perf_counter()
+                second = await client.chat.completions.create(model="policy", messages=msgs, max_tokens=n)
+                dt_proxy = time.perf_counter() - t0
+                inner = proxy.engine.last_s  # the engine's part of the proxied call
+            assert second.usage.completion_tokens == n, second.usage
+            sp = SamplingParams(temperature=0.0, max_new_tokens=n, min_new_tokens=n,
+                                stop_token_ids=ChatFormat(tok).stop_token_ids())
+            t0 = time.perf_counter()
+            out = await engine.generate(s.records[1].prompt_ids, sp, session_id=s.uid)
+            dt_direct = time.perf_counter() - t0
+            assert out.output_ids == s.records[1].output_ids  # same work on both paths
+            proxy.close_session(s)
+            if i:
+                proxy_s.append(dt_proxy)
+                direct_s.append(dt_direct)
+                own_s.append(dt_proxy - inner)
+    p, d, o = statistics.median(proxy_s), statistics.median(direct_s), statistics.median(own_s)
+    return {"proxy_call_ms": round(p * 1e3, 1), "direct_call_ms": round(d * 1e3, 1),
+            "proxy_overhead_ms": round(o * 1e3, 1), "proxy_overhead_ratio": round(o / d, 4),
+            "proxy_call_vs_direct_ratio": round(p / d, 3)}
+
+
+def bench_proxy(tok: Any, repeats: int) -> dict[str, float]:
+    with launch_embedded(resolve_model_dir(ModelConfig()), max_running_seqs=4, threads=1) as proc:
+        return asyncio.run(_proxy_vs_direct(proc.url, tok, repeats))
+
+
 def run(args: argparse.Namespace) -> dict:
     tok = _tokenizer()
-    out: dict[str, Any] = {"baseline": "full re-render+retokenize / sequential tools / bare python subprocess"}
+    out: dict[str, Any] = {"baseline": "full re-render+retokenize / sequential tools / bare python subprocess / "
+                                       "direct engine call"}
     out.update(bench_delta(tok, args.turns, args.repeats))
     out.update(asyncio.run(bench_parallel_tools(tok, args.calls, args.tool_sleep_s)))
     out.update(asyncio.run(bench_sandbox(args.sandbox_repeats)))
     out.update(asyncio.run(bench_loop(tok, args.episodes)))
+    out.update(bench_proxy(tok, args.proxy_repeats))
     return out

@@ -77,7 +77,7 @@ def test_unknown_group_option_lists_the_groups_options():
     with pytest.raises(ConfigError) as e:
         load_config(["agent=reactt", "trainer.total_steps=3"])
     assert str(e.value) == ("agent=reactt: no such option in config group 'agent' (did you mean 'react'?); "
-                            "available: react, single_turn, tool_agent")
+                            "available: openai_agent, react, single_turn, tool_agent")
     with pytest.raises(ConfigError, match=r"^model=gpt: .*; env=nope: .*available: arithmetic"):
         load_config(["model=gpt", "env=nope"])  # every bad selection, not the first
 
