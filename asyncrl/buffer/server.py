@@ -261,7 +261,7 @@ class BufferService:
         if w.compacting:
             if w.compaction_ready():
                 w.finish_compaction()
-        elif w.compaction_error is None and should_compact(
+        elif w.may_compact() and should_compact(
                 w.offset, max(self.state.nbytes, w.compacted_bytes), self.cfg.compact_min_bytes, self.cfg.compact_ratio):
             st = self.state
             w.start_compaction(st.snapshot_records(), set(st.outstanding) - set(st.replay_queue))
@@ -527,6 +527,7 @@ class BufferService:
                 "max_staleness": self.max_staleness, "auth_denied": self._auth.denied if self._auth else 0,
                 "wal_bytes_written": self.wal.bytes_written, "wal_fsyncs": self.wal.fsyncs,
                 "wal_bytes": self.wal.offset, "wal_compactions": self.wal.compactions,
+                "wal_compaction_error": self.wal.compaction_error,
                 "wal_recovery": self.wal.recovery.as_dict()}
 
 

@@ -347,6 +347,7 @@ class WriteAheadLog:
         self.compactions = 0
         self.compacted_bytes = 0  # size of the log written by the last compaction (startup or online)
         self.compaction_error: str | None = None  # why online compaction is off for the rest of the run
+        self._retry_at = 0  # after a failed compaction: the log size at which to try again
 
     # ------------------------------------------------------------------ recovery
 
@@ -427,6 +428,10 @@ class WriteAheadLog:
     def compacting(self) -> bool:
         return self._compaction is not None
 
+    def may_compact(self) -> bool:
+        """No compaction running, none refused for damage, none failed since the log was half its size."""
+        return self._compaction is None and self.compaction_error is None and self.offset >= self._retry_at
+
     def start_compaction(self, records: list[tuple[int, bytes]], keep_batches: set[int]) -> None:
         """Begin writing a compacted log on a helper thread: first the PUT and SERVE records of the
         served, uncommitted batches `keep_batches` (copied from the log), then `records` (the live state,
@@ -478,12 +483,20 @@ class WriteAheadLog:
             c.future.result()
             self._copy_range(c.fd, c.start_offset, self.offset)
             os.fsync(c.fd)
-        except (OSError, _Damaged, msgspec.MsgspecError) as e:
+        except OSError as e:  # e.g. disk full: try again once the log has doubled
+            os.close(c.fd)
+            tmp.unlink(missing_ok=True)
+            self._retry_at = 2 * self.offset
+            log.warning("buffer log compaction failed, the log %s stays as it is (next try at %d bytes): %s",
+                        self.path, self._retry_at, OSError(e.errno, e.strerror, str(tmp)))
+            return
+        except (_Damaged, msgspec.MsgspecError) as e:
             os.close(c.fd)
             tmp.unlink(missing_ok=True)
             self.compaction_error = f"{type(e).__name__}: {e}"
-            log.warning("buffer log compaction failed, the log %s stays as it is and is no longer compacted "
-                        "during this run: %s", self.path, self.compaction_error)
+            log.warning("buffer log compaction found bytes it does not understand: the log %s stays as it is and "
+                        "is not compacted again during this run (a restart reports and quarantines them): %s",
+                        self.path, self.compaction_error)
             return
         self._crash_point("compact-written")
         if self._pool is not None:  # let a running fsync of the old file end before that file is closed

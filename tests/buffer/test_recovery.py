@@ -287,3 +287,30 @@ async def test_crash_inside_compaction_loses_nothing(tmp_path, buffer_process, s
     uids = Counter(t.uid for b in batches for t in b.trajectories())
     assert set(uids) == acked - {t.uid for t in first.trajectories()} and max(uids.values()) == 1
     assert not (wal / "buffer.wal.compacting").exists()
+
+
+async def test_served_batch_whose_put_was_damaged_is_served_again_without_it(tmp_path, service):
+    wal = tmp_path / "w"
+    svc = service(wal_dir=wal)
+    p = AsyncBufferProducer(svc.address)
+    await asyncio.gather(*(p.put(traj(f"s{g}-{i}", f"S{g}", group_size=2, n=64)) for g in range(3) for i in range(2)))
+    await p.close()
+    c = BufferConsumer(svc.address)
+    first = c.get_batch(2, 0, timeout_s=5)  # groups S0 and S1, never committed
+    c.close()
+    svc.stop()
+    victim = next(r for r in put_records(wal / "buffer.wal") if r[2] == "s0-0")
+    raw = bytearray((wal / "buffer.wal").read_bytes())
+    raw[victim[1] - 5] ^= 0x10
+    (wal / "buffer.wal").write_bytes(bytes(raw))
+
+    svc = service(wal_dir=wal)
+    c = BufferConsumer(svc.address)
+    again = c.get_batch(2, 0, timeout_s=5)
+    st = c.stats()
+    c.close()
+    assert again.batch_id == first.batch_id
+    got = {g.group_id: ([t.uid for t in g.trajectories], g.failed) for g in again.groups}
+    assert got == {"S0": (["s0-1"], 1), "S1": (["s1-0", "s1-1"], 0)}
+    rep = st["wal_recovery"]
+    assert rep["lost_uids"] == ["s0-0"] and rep["damaged"][0]["uids"] == ["s0-0"] and rep["quarantine"]

@@ -8,9 +8,12 @@ import zlib
 import msgspec
 import pytest
 
+from asyncrl.buffer import protocol as P
 from asyncrl.buffer import wal as W
 from asyncrl.buffer.wal import Record, WalError, WriteAheadLog, frame, scan, should_compact, uids_in
 from asyncrl.config import BufferConfig, ConfigError
+
+from .conftest import wait_until
 
 
 def recs(path, **kw):
@@ -170,3 +173,52 @@ def test_unknown_policy_is_refused(tmp_path):
     with pytest.raises(WalError, match="'sometimes'"):
         WriteAheadLog(tmp_path, "sometimes")
 
+
+
+def _log_with_two_served_batches(tmp_path) -> WriteAheadLog:
+    w = WriteAheadLog(tmp_path, "batched")
+    list(w.replay())
+    w.rewrite([])
+    w.open()
+    w.append_many([frame(P.REC_PUT, put_payload("a")), frame(P.REC_PUT, put_payload("b")),
+                   frame(P.REC_SERVE, serve(7, "a")), frame(P.REC_SERVE, serve(8, "b"))])
+    return w
+
+
+def serve(batch_id: int, uid: str) -> bytes:
+    return P.pack(P.ServeRecord(batch_id, [P.ServedGroup(f"g{uid}", 1, 0, [uid])]))
+
+
+def finish(w: WriteAheadLog) -> None:
+    assert wait_until(w.compaction_ready)
+    w.finish_compaction()
+
+
+def test_online_compaction_keeps_uncommitted_batches_and_what_was_appended_meanwhile(tmp_path):
+    w = _log_with_two_served_batches(tmp_path)
+    before = w.offset
+    w.start_compaction([(P.REC_SNAPSHOT, b"snap")], keep_batches={7})
+    w.append(P.REC_COMMIT, b"during")  # the loop keeps appending to the old log
+    finish(w)
+    w.append(P.REC_COMMIT, b"after")  # and then to the new one
+    w.close()
+    assert w.compactions == 1 and w.offset == w.path.stat().st_size < before + 2 * W.HEADER_SIZE + 11
+    assert recs(w.path) == [(P.REC_PUT, put_payload("a")), (P.REC_SERVE, serve(7, "a")), (P.REC_SNAPSHOT, b"snap"),
+                            (P.REC_COMMIT, b"during"), (P.REC_COMMIT, b"after")]
+    assert not (tmp_path / W.COMPACT_NAME).exists()
+
+
+def test_online_compaction_refuses_a_log_it_no_longer_understands(tmp_path, caplog):
+    w = _log_with_two_served_batches(tmp_path)
+    with open(w.path, "r+b") as f:  # bit rot under a running service
+        f.seek(W.HEADER_SIZE + 30)
+        f.write(b"\xff")
+    original = w.path.read_bytes()
+    w.start_compaction([(P.REC_SNAPSHOT, b"snap")], keep_batches={7})
+    finish(w)
+    assert w.compaction_error and "no longer verify" in w.compaction_error and not w.may_compact()
+    assert w.path.read_bytes() == original and not (tmp_path / W.COMPACT_NAME).exists()
+    assert "not compacted again" in caplog.text
+    w.append(P.REC_COMMIT, b"still logging")
+    w.close()
+    assert recs(w.path)[-1] == (P.REC_COMMIT, b"still logging")
