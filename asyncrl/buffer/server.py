@@ -13,7 +13,9 @@ already drops the trajectories it makes stale.
 
 A GET is parked until enough complete groups exist or its deadline passes (then EMPTY). A new GET
 from the same peer replaces its parked one. On start the log is replayed through the same state
-machine (`asyncrl.buffer.store`) and compacted to the live state.
+machine (`asyncrl.buffer.store`) and compacted to the live state (damage reported in
+`stats()['wal_recovery']` and quarantined: `asyncrl.buffer.wal`); while serving, `_compact_step`
+compacts it again whenever it outgrows the live state.
 
 With CURVE keys (`asyncrl.buffer.keys`), a ZAP handler in the service's own context (`AllowList`)
 admits only the allow-listed producer and consumer public keys and names each connection's role;
