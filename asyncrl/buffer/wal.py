@@ -142,6 +142,7 @@ class _Window:
             return bytes(v[i:i + n])
 
     def forget_before(self, pos: int) -> None:
+        pos = min(pos, self.base + len(self.buf))  # never past what was read: base + len(buf) is the file position
         if pos > self.base:
             del self.buf[:pos - self.base]
             self.base = pos
@@ -149,12 +150,12 @@ class _Window:
     def find_magic(self, pos: int) -> int:
         """Offset of the next MAGIC at or after `pos`, or -1."""
         while True:
-            i = self.buf.find(MAGIC, max(0, pos - self.base))
-            if i >= 0:
-                return self.base + i
             top = self.base + len(self.buf)
-            self.forget_before(max(pos, top - len(MAGIC) + 1))
-            pos = self.base
+            if pos < top:
+                i = self.buf.find(MAGIC, pos - self.base)
+                if i >= 0:
+                    return self.base + i
+            self.forget_before(min(pos, top - len(MAGIC) + 1))  # a magic may straddle the next read
             if not self.have(top, 1):
                 return -1
 
