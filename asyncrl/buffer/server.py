@@ -132,6 +132,7 @@ class BufferService:
         self.cfg, self.keys = cfg, keys
         self._auth: AllowList | None = None
         self.wal = WriteAheadLog(wal_dir, cfg.fsync)
+        self._meta_bytes = 0  # size of the last compaction's SNAPSHOT record (part of the live state)
         self.state = BufferState(cfg.capacity_trajectories, cfg.capacity_bytes, cfg.order)
         self.max_staleness = max_staleness  # eta: fixed for the service's life
         self.version = 0
@@ -219,7 +220,7 @@ class BufferService:
                 self.wal.recovery.unapplied(rec, str(e))
                 continue
             n += 1
-        self.wal.rewrite(self.state.snapshot_records())
+        self.wal.rewrite(self._live_records())
         self.wal.open()
         if n:
             log.info("replayed %d WAL records: %d held, %d batches to serve again", n, self.state.size,
@@ -256,17 +257,21 @@ class BufferService:
 
     def _compact_step(self) -> None:
         """Online compaction (between rounds): start one when the log has outgrown the live state
-        (`should_compact`), finish the running one once its file is written. The live state is at
-        least what the last compaction wrote (it holds the served, uncommitted batches, which are not
-        in memory) and at least the held trajectories."""
-        w = self.wal
+        (`should_compact`), finish the running one once its file is written. Live: the held and the
+        served-uncommitted trajectories' bytes plus the snapshot record the last compaction wrote."""
+        w, st = self.wal, self.state
         if w.compacting:
             if w.compaction_ready():
                 w.finish_compaction()
-        elif w.may_compact() and should_compact(
-                w.offset, max(self.state.nbytes, w.compacted_bytes), self.cfg.compact_min_bytes, self.cfg.compact_ratio):
-            st = self.state
-            w.start_compaction(st.snapshot_records(), set(st.outstanding) - set(st.replay_queue))
+        elif w.offset > self.cfg.compact_min_bytes and w.may_compact() and should_compact(
+                w.offset, st.nbytes + st.outstanding_nbytes + self._meta_bytes, self.cfg.compact_min_bytes,
+                self.cfg.compact_ratio):
+            w.start_compaction(self._live_records(), set(st.outstanding) - set(st.replay_queue))
+
+    def _live_records(self) -> list[tuple[int, bytes]]:
+        records = self.state.snapshot_records()
+        self._meta_bytes = len(records[0][1])  # the SNAPSHOT record: first, by contract of snapshot_records
+        return records
 
     # ------------------------------------------------------------------ the loop
 

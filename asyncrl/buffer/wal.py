@@ -346,7 +346,6 @@ class WriteAheadLog:
         self.bytes_written = 0
         self.fsyncs = 0
         self.compactions = 0
-        self.compacted_bytes = 0  # size of the log written by the last compaction (startup or online)
         self.compaction_error: str | None = None  # why online compaction is off for the rest of the run
         self._retry_at = 0  # after a failed compaction: the log size at which to try again
 
@@ -382,7 +381,7 @@ class WriteAheadLog:
         tmp = self.dir / COMPACT_NAME
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            size = self._write_records(fd, records)
+            self._write_records(fd, records)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -396,7 +395,6 @@ class WriteAheadLog:
                         f"; lost uids named by served batches: {rep.lost_uids}" if rep.lost_uids else "")
         os.replace(tmp, self.path)
         _fsync_dir(self.dir)
-        self.compacted_bytes = size
 
     def _quarantine(self) -> Path:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -413,15 +411,12 @@ class WriteAheadLog:
         return q
 
     @staticmethod
-    def _write_records(fd: int, records: Iterable[tuple[int, bytes]]) -> int:
-        n = 0
+    def _write_records(fd: int, records: Iterable[tuple[int, bytes]]) -> None:
         with os.fdopen(fd, "wb", buffering=CHUNK, closefd=False) as f:
             for kind, payload in records:
                 head, payload = frame_parts(kind, payload)
                 f.write(head)
                 f.write(payload)
-                n += HEADER_SIZE + len(payload)
-        return n
 
     # ------------------------------------------------------------------ online compaction
 
@@ -446,7 +441,8 @@ class WriteAheadLog:
         self._compaction = _Compaction(x, fd, self._compactor.submit(self._write_compacted, fd, x, records, keep_batches))
 
     def _write_compacted(self, fd: int, upto: int, records: list, keep_batches: set[int]) -> None:
-        self._write_records(fd, list(self._outstanding_records(upto, keep_batches)) if keep_batches else ())
+        if keep_batches:  # streamed: the copied batches are never all in memory
+            self._write_records(fd, self._outstanding_records(upto, keep_batches))
         self._write_records(fd, records)
 
     def _outstanding_records(self, upto: int, keep: set[int]) -> Iterator[tuple[int, bytes]]:
@@ -514,7 +510,6 @@ class WriteAheadLog:
         before, self.offset = self.offset, os.fstat(c.fd).st_size
         self._dirty = False
         self.compactions += 1
-        self.compacted_bytes = self.offset
         log.info("compacted the buffer log %s: %d -> %d bytes", self.path, before, self.offset)
 
     def _copy_range(self, fd: int, start: int, end: int) -> None:

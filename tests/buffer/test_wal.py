@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import struct
+import tracemalloc
 import zlib
 
 import msgspec
@@ -260,3 +261,22 @@ def test_random_damage_never_hides_an_intact_record(tmp_path, seed):
     assert pos == len(raw)
     found = {x.offset for x in got if isinstance(x, Record)}
     assert {offs[i] for i in range(len(frames)) if i not in touched} <= found
+
+
+def test_replay_streams_with_bounded_memory(tmp_path):
+    """A 24 MiB log is replayed with a few MiB of memory (one read chunk plus a record), not its size."""
+    w = WriteAheadLog(tmp_path, "off")
+    w.open()
+    rec = frame(P.REC_PUT, b"p" * 1000)
+    for _ in range(24):
+        w.append_many([rec] * (1024 * 1024 // len(rec)))
+    w.close()
+    assert w.path.stat().st_size > 23 << 20
+    tracemalloc.start()
+    try:
+        n = sum(1 for _ in WriteAheadLog(tmp_path, "off").replay())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert n == 24 * (1024 * 1024 // len(rec))
+    assert peak < 6 << 20, f"replay peaked at {peak} bytes"
