@@ -476,6 +476,7 @@ class WriteAheadLog:
         failure before the rename leaves the old log in use and turns online compaction off (WARNING)."""
         c, self._compaction = self._compaction, None
         tmp = self.dir / COMPACT_NAME
+        t0 = time.perf_counter()
         try:
             c.future.result()
             self._copy_range(c.fd, c.start_offset, self.offset)
@@ -510,7 +511,8 @@ class WriteAheadLog:
         before, self.offset = self.offset, os.fstat(c.fd).st_size
         self._dirty = False
         self.compactions += 1
-        log.info("compacted the buffer log %s: %d -> %d bytes", self.path, before, self.offset)
+        log.info("compacted the buffer log %s: %d -> %d bytes (the final step held the writer %.3f s)", self.path,
+                 before, self.offset, time.perf_counter() - t0)
 
     def _copy_range(self, fd: int, start: int, end: int) -> None:
         rfd = os.open(self.path, os.O_RDONLY)
