@@ -23,7 +23,7 @@ Online compaction (`start_compaction` / `finish_compaction`, driven by the servi
 thread writes the live state to ``buffer.wal.compacting`` while the loop keeps appending to the log;
 the loop then copies the records appended meanwhile, fsyncs the new file, renames it over the log,
 fsyncs the directory and appends to the new file from then on. A crash at any point leaves either the
-old, complete log or the new, complete one; a leftover ``buffer.wal.compacting`` is deleted on open.
+old, complete log or the new, complete one; a leftover ``buffer.wal.compacting`` is deleted before replay.
 For tests, ``ASYNCRL_WAL_CRASH_AT=compact-written`` (new file complete, not yet renamed) or
 ``compact-renamed`` (renamed, the service not yet appending to it) makes the process ``os._exit(86)``
 at that step.
