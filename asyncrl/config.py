@@ -354,9 +354,15 @@ class BufferConfig:
     # auto: on for a non-loopback bind (which is refused without it)
     curve: Literal["off", "on", "auto"] = "auto"
     keys_dir: Optional[str] = None  # 0700 dir of z85 key files (created when absent); None: in-memory keys
+    # online WAL compaction when the log exceeds max(compact_min_bytes, compact_ratio x the live state)
+    # (asyncrl.buffer.wal.should_compact)
+    compact_min_bytes: int = 64 << 20
+    compact_ratio: float = 4.0
 
     def __post_init__(self) -> None:
-        _at_least(self, "buffer", 1, "capacity_trajectories", "capacity_bytes", "max_frame_bytes")
+        _at_least(self, "buffer", 1, "capacity_trajectories", "capacity_bytes", "max_frame_bytes", "compact_min_bytes")
+        _check(self.compact_ratio >= 2, "buffer.compact_ratio",
+               f"must be >= 2 (a compacted log must not qualify for compaction again at once), got {self.compact_ratio}")
         _check(0 <= self.port <= 65535, "buffer.port", f"must be in [0, 65535], got {self.port}")
 
 

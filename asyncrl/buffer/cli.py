@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="eta: trajectories older than version - eta are dropped (a GET may not change it)")
     parser.add_argument("--order", choices=("oldest", "newest"), default=d.order)
     parser.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes)
+    parser.add_argument("--compact-min-bytes", type=int, default=d.compact_min_bytes,
+                        help="online log compaction once the log exceeds max(this, compact-ratio x the live state)")
+    parser.add_argument("--compact-ratio", type=float, default=d.compact_ratio)
     parser.add_argument("--curve", choices=("off", "on", "auto"), default=d.curve,
                         help="CURVE encryption + allow-list of the client keys (auto: on for a non-loopback host)")
     parser.add_argument("--keys-dir", default=None,
@@ -39,7 +42,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = BufferConfig(host=args.host, port=args.port, wal_dir=args.wal_dir, fsync=args.fsync,
                        capacity_trajectories=args.capacity_trajectories, capacity_bytes=args.capacity_bytes,
                        order=args.order, max_frame_bytes=args.max_frame_bytes,
-                       curve=args.curve, keys_dir=args.keys_dir)
+                       curve=args.curve, keys_dir=args.keys_dir, compact_min_bytes=args.compact_min_bytes,
+                       compact_ratio=args.compact_ratio)
     try:
         if curve_enabled(cfg) and not cfg.keys_dir:
             raise BufferConfigError(f"--curve={cfg.curve} (host {cfg.host!r}) needs --keys-dir: the clients must "

@@ -13,7 +13,9 @@ already drops the trajectories it makes stale.
 
 A GET is parked until enough complete groups exist or its deadline passes (then EMPTY). A new GET
 from the same peer replaces its parked one. On start the log is replayed through the same state
-machine (`asyncrl.buffer.store`) and compacted to the live state.
+machine (`asyncrl.buffer.store`) and compacted to the live state (damage reported in
+`stats()['wal_recovery']` and quarantined: `asyncrl.buffer.wal`); while serving, `_compact_step`
+compacts it again whenever it outgrows the live state.
 
 With CURVE keys (`asyncrl.buffer.keys`), a ZAP handler in the service's own context (`AllowList`)
 admits only the allow-listed producer and consumer public keys and names each connection's role;
@@ -41,7 +43,7 @@ from zmq.utils import z85
 from asyncrl.buffer import protocol as P
 from asyncrl.buffer.keys import BufferKeys, curve_enabled
 from asyncrl.buffer.store import BufferState, Entry
-from asyncrl.buffer.wal import WalError, WriteAheadLog, frame_parts
+from asyncrl.buffer.wal import WalError, WriteAheadLog, frame_parts, should_compact
 from asyncrl.config import BufferConfig
 from asyncrl.net import is_loopback
 from asyncrl.schema import SchemaError, Trajectory
@@ -130,6 +132,7 @@ class BufferService:
         self.cfg, self.keys = cfg, keys
         self._auth: AllowList | None = None
         self.wal = WriteAheadLog(wal_dir, cfg.fsync)
+        self._meta_bytes = 0  # size of the last compaction's SNAPSHOT record (part of the live state)
         self.state = BufferState(cfg.capacity_trajectories, cfg.capacity_bytes, cfg.order)
         self.max_staleness = max_staleness  # eta: fixed for the service's life
         self.version = 0
@@ -207,12 +210,17 @@ class BufferService:
         self.wal.close()
 
     def _replay(self) -> None:
-        """Rebuild the state from the log, then compact the log to that state."""
+        """Rebuild the state from the log (streamed), then compact the log to that state. A verified
+        record the state machine refuses is reported and kept (quarantined) like a damaged range."""
         n = 0
-        for kind, payload in self.wal.replay():
-            self._apply_record(kind, payload)
+        for rec in self.wal.replay():
+            try:
+                self._apply_record(rec.kind, rec.payload)
+            except (ValueError, KeyError) as e:
+                self.wal.recovery.unapplied(rec, str(e))
+                continue
             n += 1
-        self.wal.rewrite(self.state.snapshot_records())
+        self.wal.rewrite(self._live_records())
         self.wal.open()
         if n:
             log.info("replayed %d WAL records: %d held, %d batches to serve again", n, self.state.size,
@@ -227,13 +235,46 @@ class BufferService:
         elif kind == P.REC_DROP:
             st.apply_drop(P.unpack(payload, P.DropRecord).uids)
         elif kind == P.REC_SERVE:
-            st.apply_serve(P.unpack(payload, P.ServeRecord), replaying=True)
+            st.apply_serve(self._servable(P.unpack(payload, P.ServeRecord)), replaying=True)
         elif kind == P.REC_COMMIT:
             st.apply_commit(P.unpack(payload, P.CommitRequest).batch_ids)
         elif kind == P.REC_SNAPSHOT:
             st.apply_snapshot(P.unpack(payload, P.Snapshot))
         else:
             raise ValueError(f"{self.wal.path}: unknown WAL record kind {kind}")
+
+    def _servable(self, rec: P.ServeRecord) -> P.ServeRecord:
+        """A replayed SERVE record without the members that are not held (their PUT was in a damaged
+        range of the log: reported as lost, counted as failed), so the rest of the batch is served again."""
+        held = self.state.held
+        lost = [u for sg in rec.groups for u in sg.uids if held.get(u) != sg.group_id]
+        if not lost:
+            return rec
+        self.wal.recovery.lost_uids += lost
+        return P.ServeRecord(rec.batch_id, [
+            P.ServedGroup(sg.group_id, sg.expected, sg.failed + sum(held.get(u) != sg.group_id for u in sg.uids),
+                          [u for u in sg.uids if held.get(u) == sg.group_id]) for sg in rec.groups])
+
+    def _compact_step(self) -> None:
+        """Online compaction (between rounds): start one when the log has outgrown the live state
+        (`should_compact`), finish the running one once its file is written. Live: the held and the
+        served-uncommitted trajectories' bytes plus the snapshot record the last compaction wrote."""
+        w, st = self.wal, self.state
+        if w.compacting:
+            if w.compaction_ready():
+                w.finish_compaction()
+        elif w.offset > self.cfg.compact_min_bytes and w.may_compact() and should_compact(
+                w.offset, st.nbytes + st.outstanding_nbytes + self._meta_bytes, self.cfg.compact_min_bytes,
+                self.cfg.compact_ratio):
+            t0 = time.perf_counter()
+            w.start_compaction(self._live_records(), set(st.outstanding) - set(st.replay_queue))
+            log.info("compacting the buffer log (%d bytes; live state: %d bytes, taken in %.3f s on the serving thread)",
+                     w.offset, st.nbytes + st.outstanding_nbytes + self._meta_bytes, time.perf_counter() - t0)
+
+    def _live_records(self) -> list[tuple[int, bytes]]:
+        records = self.state.snapshot_records()
+        self._meta_bytes = len(records[0][1])  # the SNAPSHOT record: first, by contract of snapshot_records
+        return records
 
     # ------------------------------------------------------------------ the loop
 
@@ -281,6 +322,7 @@ class BufferService:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         while not self._stop.is_set():
+            self._compact_step()
             now = time.monotonic()
             wait = min([50.0] + [max(0.0, (p.deadline - now) * 1000) for p in self._parked.values()])
             if self._sync_fut is not None:
@@ -493,7 +535,10 @@ class BufferService:
     def stats(self) -> dict:
         return {**self.state.stats(self.version), **self.counts, "version": self.version,
                 "max_staleness": self.max_staleness, "auth_denied": self._auth.denied if self._auth else 0,
-                "wal_bytes_written": self.wal.bytes_written, "wal_fsyncs": self.wal.fsyncs}
+                "wal_bytes_written": self.wal.bytes_written, "wal_fsyncs": self.wal.fsyncs,
+                "wal_bytes": self.wal.offset, "wal_compactions": self.wal.compactions,
+                "wal_compaction_error": self.wal.compaction_error,
+                "wal_recovery": self.wal.recovery.as_dict()}
 
 
 def _describe(e: BaseException) -> str:

@@ -71,6 +71,8 @@ class BufferState:
         self.held: dict[str, str] = {}  # uid -> group_id of every pending member
         self.closed: set[str] = set()
         self.outstanding: dict[int, int] = {}  # batch_id -> trajectories in it (served, not committed)
+        self.outstanding_bytes: dict[int, int] = {}  # batch_id -> its trajectories' bytes (sizes the WAL's live state)
+        self.outstanding_nbytes = 0  # their sum
         self.replay_queue: dict[int, tuple[P.ServeRecord, dict[str, Entry]]] = {}  # to serve again
         self.next_batch_id = 0
         self.size = 0  # held (pending) trajectories
@@ -170,6 +172,9 @@ class BufferState:
         self.next_batch_id = max(self.next_batch_id, rec.batch_id + 1)
         n = sum(len(sg.uids) for sg in rec.groups)
         self.outstanding[rec.batch_id] = n
+        nb = sum(len(e.raw) for _, es in out for e in es)
+        self.outstanding_nbytes += nb - self.outstanding_bytes.get(rec.batch_id, 0)
+        self.outstanding_bytes[rec.batch_id] = nb
         if replaying:
             self.replay_queue[rec.batch_id] = (rec, {e.uid: e for _, es in out for e in es})
         else:
@@ -181,6 +186,7 @@ class BufferState:
         for b in batch_ids:
             if self.outstanding.pop(b, None) is not None:
                 self.counts["batches_committed"] += 1
+            self.outstanding_nbytes -= self.outstanding_bytes.pop(b, 0)
             self.replay_queue.pop(b, None)
 
     def apply_snapshot(self, s: P.Snapshot) -> None:

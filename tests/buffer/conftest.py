@@ -47,10 +47,11 @@ def service(tmp_path):
 class BufferProcess:
     """`asyncrl buffer` in a real subprocess (python -m asyncrl.cli buffer ...)."""
 
-    def __init__(self, wal_dir, port: int, fsync: str = "batched", max_staleness: int = 0):
+    def __init__(self, wal_dir, port: int, fsync: str = "batched", max_staleness: int = 0, args=(), env=None):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "asyncrl.cli", "buffer", "--wal-dir", str(wal_dir), "--port", str(port),
-             "--fsync", fsync, "--max-staleness", str(max_staleness)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             "--fsync", fsync, "--max-staleness", str(max_staleness), *args], stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, env=None if env is None else {**os.environ, **env})
         line = self.proc.stdout.readline()
         if not line.startswith("BUFFER_ADDRESS "):
             self.proc.kill()
@@ -79,8 +80,9 @@ class BufferProcess:
 def buffer_process():
     procs = []
 
-    def make(wal_dir, port, fsync="batched", max_staleness=0):
-        p = BufferProcess(wal_dir, port, fsync, max_staleness)
+    def make(wal_dir, port, fsync="batched", max_staleness=0, args=(), env=None):
+        """`args`: more `asyncrl buffer` flags; `env`: variables added to the process's environment."""
+        p = BufferProcess(wal_dir, port, fsync, max_staleness, args, env)
         procs.append(p)
         return p
 
