@@ -24,6 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="eta: trajectories older than version - eta are dropped (a GET may not change it)")
     parser.add_argument("--order", choices=("oldest", "newest"), default=d.order)
     parser.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes)
+    parser.add_argument("--disk-reserve-bytes", type=int, default=d.disk_reserve_bytes,
+                        help="preallocated beside the log, released when the disk is full (serving still logs)")
+    parser.add_argument("--disk-probe-s", type=float, default=d.disk_probe_s,
+                        help="while the disk is full: how often to check whether space returned")
+    parser.add_argument("--dedupe-other-max", type=int, default=d.dedupe_other_max,
+                        help="at most this many non-training uids and group ids are remembered (then refused)")
     parser.add_argument("--curve", choices=("off", "on", "auto"), default=d.curve,
                         help="CURVE encryption + allow-list of the client keys (auto: on for a non-loopback host)")
     parser.add_argument("--keys-dir", default=None,
@@ -39,7 +45,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = BufferConfig(host=args.host, port=args.port, wal_dir=args.wal_dir, fsync=args.fsync,
                        capacity_trajectories=args.capacity_trajectories, capacity_bytes=args.capacity_bytes,
                        order=args.order, max_frame_bytes=args.max_frame_bytes,
-                       curve=args.curve, keys_dir=args.keys_dir)
+                       curve=args.curve, keys_dir=args.keys_dir, disk_reserve_bytes=args.disk_reserve_bytes,
+                       disk_probe_s=args.disk_probe_s, dedupe_other_max=args.dedupe_other_max)
     try:
         if curve_enabled(cfg) and not cfg.keys_dir:
             raise BufferConfigError(f"--curve={cfg.curve} (host {cfg.host!r}) needs --keys-dir: the clients must "

@@ -114,6 +114,14 @@ class WriteAheadLog:
     def open(self) -> None:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
+    def end(self) -> int:
+        """Byte offset of the log's end (where the next record goes)."""
+        return os.fstat(self._fd).st_size
+
+    def cut(self, offset: int) -> None:
+        """Cut the log back to `offset`: a write that failed part-way (disk full) leaves no torn record."""
+        os.ftruncate(self._fd, offset)
+
     def append(self, kind: int, payload) -> None:
         """Write one record; under ``each`` it is on disk when this returns."""
         self.append_many([frame_parts(kind, payload)])

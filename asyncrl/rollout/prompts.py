@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -39,6 +39,25 @@ def parse_group_id(group_id: str) -> tuple[int, int]:
     if m is None:
         raise ValueError(f"group id {group_id!r} is not a training group id (g<position> or g<position>r<retry>)")
     return int(m.group(1)), int(m.group(2) or 0)
+
+
+class GroupKey(NamedTuple):
+    run_id: str
+    position: int
+    retry: int
+
+
+_RUN_GROUP_ID = re.compile(r"([0-9a-z]{1,16})-g(0|[1-9]\d*)(?:r([1-9]\d*))?")
+
+
+def parse_group_key(group_id: str) -> GroupKey:
+    """GroupKey of a run-scoped training group id (`<run_id>-g<position>[r<retry>]`); ValueError otherwise.
+    Local copy for the buffer's dedupe (branch bufscale): the `runs` change makes this `parse_group_id`."""
+    m = _RUN_GROUP_ID.fullmatch(group_id) if isinstance(group_id, str) else None
+    if m is None:
+        raise ValueError(f"group id {group_id!r} is not a training group id (<run_id>-g<position> or "
+                         "<run_id>-g<position>r<retry>)")
+    return GroupKey(m.group(1), int(m.group(2)), int(m.group(3) or 0))
 
 
 class PromptSource:
