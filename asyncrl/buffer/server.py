@@ -115,11 +115,14 @@ class AllowList(ThreadAuthenticator):
         return self._roles[z85.encode(client_public_key)]
 
 
+_TRAJECTORY = msgspec.msgpack.Decoder(Trajectory)
+
+
 def decode_put(body: bytes) -> Entry:
     """Decode a PUT body as a Trajectory and check it with `Trajectory.validate` (the one validation);
     raise ValueError naming what is wrong."""
     try:
-        t = msgspec.msgpack.decode(body, type=Trajectory).validate()
+        t = _TRAJECTORY.decode(body).validate()
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise ValueError(f"PUT body is not a valid Trajectory: {e}") from e
     except SchemaError as e:
