@@ -7,7 +7,7 @@ as explicit records (DROP with uids, SERVE with uids), so replay never re-decide
 
 Rules:
 - a uid is stored once; a resend is a duplicate ('dup') or late ('late') and changes nothing. The memory of
-  what was stored is bounded (`Dedupe`): a *training* uid ``<group_id>-<k>`` of a training group id
+  what was stored is bounded (`ClosedGroups`, `IntervalSet`): a *training* uid ``<group_id>-<k>`` of a training group id
   ``<run_id>-g<position>[r<retry>]`` belongs to that one group, so it is remembered by its group: in the
   pending group's member and dropped sets while the group is open, and by the group's closure once it is
   closed (a closed group takes no member: 'late'), where closed groups are kept per run as intervals of
