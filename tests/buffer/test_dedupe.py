@@ -139,3 +139,22 @@ async def test_service_refuses_a_non_training_uid_past_the_cap_by_name(service):
     finally:
         await p.close()
     assert svc.stats()["dedupe_refused"] == 1
+
+
+def test_undoing_puts_restores_the_state_exactly():
+    """What the service does when the write of a request's records finds the disk full."""
+    st = BufferState(100, 1 << 30)
+    st.apply_put(entry("r-g1-0", "r-g1", size=2))
+    st.apply_put(entry("solo", "misc", size=1))  # complete before
+    before = (st.stats(0), {g: (set(x.members), x.complete_seq) for g, x in st.groups.items()}, set(st.other_seen))
+    applied = []
+    for e in (entry("r-g1-1", "r-g1", size=2), entry("r-g2-0", "r-g2", size=1), entry("u", "misc2", size=3)):
+        created = e.group_id not in st.groups
+        assert st.apply_put(e) == "new"
+        applied.append((e, created))
+    assert {g.group_id for g in st.complete_groups()} == {"r-g1", "misc", "r-g2"}  # the puts completed r-g1
+    for e, created in reversed(applied):
+        st.unapply_put(e, created)
+    after = (st.stats(0), {g: (set(x.members), x.complete_seq) for g, x in st.groups.items()}, set(st.other_seen))
+    assert after == before
+    assert st.classify("r-g1-1", "r-g1", 10) == "new" and st.classify("u", "misc2", 10) == "new"

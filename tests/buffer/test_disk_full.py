@@ -6,6 +6,7 @@ when space is freed, the log stays well-formed, and nothing acknowledged is lost
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import signal
@@ -14,7 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import zmq
 
+from asyncrl.buffer import protocol as P
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer
 from asyncrl.buffer.diskspace import RESERVE_NAME, free_bytes
 from asyncrl.buffer.wal import WAL_NAME, read_records
@@ -54,7 +57,21 @@ async def _until(pred, timeout_s: float = 60.0) -> None:
     await asyncio.wait_for(poll(), timeout_s)
 
 
-async def test_full_disk_refuses_puts_serves_and_resumes_losing_nothing(tmp_path):
+def _raw_put(address: str, body: bytes) -> list[bytes]:
+    """One PUT request (the single-trajectory op) from a fresh DEALER; its reply frames."""
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(address)
+    try:
+        s.send_multipart([b"r1", P.PUT, body])
+        assert s.poll(30_000), "no reply to a PUT while the disk is full"
+        return s.recv_multipart()
+    finally:
+        s.close()
+
+
+async def test_full_disk_refuses_puts_serves_and_resumes_losing_nothing(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="asyncrl.buffer.client")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     proc, address = _start_in_namespace(mnt)
@@ -76,6 +93,8 @@ async def test_full_disk_refuses_puts_serves_and_resumes_losing_nothing(tmp_path
         assert st["disk_full"] and st["full_refusals"] > 0 and st["disk_full_episodes"] == 1
         assert not st["disk_reserve_held"]
         assert not any(t.done() and t.exception() for t in tasks)
+        reply = await asyncio.to_thread(_raw_put, address, encode(traj("raw", "rawg", n=2000)))
+        assert reply[:2] == [b"r1", P.FULL] and b"buffer disk full" in reply[2] and b"bytes free in" in reply[2]
         acked = FIRST + sum(t.done() for t in tasks)
         assert acked < N, "puts stay refused while the disk is full"
 
@@ -91,6 +110,10 @@ async def test_full_disk_refuses_puts_serves_and_resumes_losing_nothing(tmp_path
         await asyncio.wait_for(asyncio.gather(*tasks), 90)
         st = await asyncio.to_thread(consumer.stats)
         assert not st["disk_full"] and st["disk_reserve_held"] and st["received"] == N
+        said = [r.getMessage() for r in caplog.records]
+        assert sum("refuses puts" in m for m in said) == 1  # once per episode, not once per refusal
+        assert sum("acks puts again" in m for m in said) == 1
+        assert producer.full_waits > 1
         await producer.close()
         consumer.close()
 
