@@ -37,12 +37,13 @@ Rules:
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from collections import deque
 from dataclasses import dataclass, field
 
 from asyncrl.buffer import protocol as P
-from asyncrl.rollout.prompts import parse_group_key
+from asyncrl.rollout.prompts import GroupKey, parse_group_key
 
 
 @dataclass(slots=True)
@@ -118,16 +119,20 @@ class IntervalSet:
 _UID_INDEX = re.compile(r"(.+)-(0|[1-9]\d*)")
 
 
+@functools.lru_cache(maxsize=8192)  # each put asks twice for its uid and several times for its group
+def group_key(group_id: str) -> GroupKey | None:
+    """The GroupKey of a training group id, None for any other id."""
+    try:
+        return parse_group_key(group_id)
+    except ValueError:
+        return None
+
+
+@functools.lru_cache(maxsize=8192)
 def uid_group(uid: str) -> str | None:
     """The training group a uid names by its shape (``<group_id>-<k>`` with a training group id), or None."""
     m = _UID_INDEX.fullmatch(uid)
-    if m is None:
-        return None
-    try:
-        parse_group_key(m.group(1))
-    except ValueError:
-        return None
-    return m.group(1)
+    return m.group(1) if m is not None and group_key(m.group(1)) is not None else None
 
 
 class ClosedGroups:
@@ -140,21 +145,21 @@ class ClosedGroups:
         self.other: set[str] = set()
 
     def __contains__(self, group_id: str) -> bool:
-        try:
-            run, pos, retry = parse_group_key(group_id)
-        except ValueError:
+        key = group_key(group_id)
+        if key is None:
             return group_id in self.other
+        run, pos, retry = key
         if retry:
             return (run, pos, retry) in self.retries
         iv = self.runs.get(run)
         return iv is not None and pos in iv
 
     def add(self, group_id: str) -> None:
-        try:
-            run, pos, retry = parse_group_key(group_id)
-        except ValueError:
+        key = group_key(group_id)
+        if key is None:
             self.other.add(group_id)
             return
+        run, pos, retry = key
         if retry:
             self.retries.add((run, pos, retry))
         else:
@@ -165,10 +170,10 @@ class ClosedGroups:
         runs = {r: IntervalSet(iv.intervals()) for r, iv in self.runs.items()}
         retries, other = set(self.retries), self.other - reopen
         for gid in reopen:
-            try:
-                run, pos, retry = parse_group_key(gid)
-            except ValueError:
+            key = group_key(gid)
+            if key is None:
                 continue
+            run, pos, retry = key
             if retry:
                 retries.discard((run, pos, retry))
             elif run in runs:
