@@ -358,11 +358,20 @@ class BufferConfig:
     # (asyncrl.buffer.wal.should_compact)
     compact_min_bytes: int = 64 << 20
     compact_ratio: float = 4.0
+    # disk full: this much is preallocated beside the log and released when a write finds the disk full,
+    # so serving and committing still log while PUTs are refused; acking resumes when space returns
+    disk_reserve_bytes: int = 64 << 20
+    disk_probe_s: float = 1.0  # while the disk is full: how often to check whether space returned
+    # dedupe of uids that are not training uids (<run_id>-g<pos>[r<k>]-<i>): remembered exactly, at most this many
+    dedupe_other_max: int = 1_000_000
 
     def __post_init__(self) -> None:
-        _at_least(self, "buffer", 1, "capacity_trajectories", "capacity_bytes", "max_frame_bytes", "compact_min_bytes")
+        _at_least(self, "buffer", 1, "capacity_trajectories", "capacity_bytes", "max_frame_bytes", "compact_min_bytes",
+                  "dedupe_other_max")
         _check(self.compact_ratio >= 2, "buffer.compact_ratio",
                f"must be >= 2 (a compacted log must not qualify for compaction again at once), got {self.compact_ratio}")
+        _check(self.disk_reserve_bytes >= 0, "buffer.disk_reserve_bytes", f"must be >= 0, got {self.disk_reserve_bytes}")
+        _check(self.disk_probe_s > 0, "buffer.disk_probe_s", f"must be > 0, got {self.disk_probe_s}")
         _check(0 <= self.port <= 65535, "buffer.port", f"must be in [0, 65535], got {self.port}")
 
 

@@ -14,6 +14,7 @@ import msgspec
 import numpy as np
 
 _ALLOWED_DTYPES = {"int32", "int64", "uint8", "int8", "float32", "float16", "float64", "bool"}
+_LE = {name: np.dtype(name).newbyteorder("<") for name in _ALLOWED_DTYPES}  # built once: the buffer's hot path
 
 
 class SchemaError(ValueError):
@@ -43,8 +44,8 @@ class Array(msgspec.Struct, frozen=True):
     def numpy(self) -> np.ndarray:
         if self.dtype not in _ALLOWED_DTYPES:
             raise SchemaError(f"array dtype {self.dtype!r} not allowed; allowed: {sorted(_ALLOWED_DTYPES)}")
-        dt = np.dtype(self.dtype).newbyteorder("<")
-        n = int(np.prod(self.shape)) if self.shape else 1
+        dt = _LE[self.dtype]
+        n = math.prod(self.shape)
         if n * dt.itemsize != len(self.data):
             raise SchemaError(f"array of shape {self.shape} {self.dtype} needs {n * dt.itemsize} bytes, got {len(self.data)}")
         return np.frombuffer(self.data, dtype=dt).reshape(self.shape)
@@ -89,7 +90,7 @@ class Trajectory(msgspec.Struct, kw_only=True):
                               f"group_id={self.group_id!r}")
         for name, dtype in _FIELDS:
             a = getattr(self, name)
-            if a.dtype != dtype or len(a.shape) != 1 or len(a.data) != a.shape[0] * np.dtype(dtype).itemsize:
+            if a.dtype != dtype or len(a.shape) != 1 or len(a.data) != a.shape[0] * _LE[dtype].itemsize:
                 raise SchemaError(f"trajectory {self.uid}: {name} must be 1-D {dtype} with matching bytes, got "
                                   f"{a.dtype} shape {a.shape} with {len(a.data)} bytes")
         r = len(self.response_ids)
@@ -117,8 +118,9 @@ class Trajectory(msgspec.Struct, kw_only=True):
     def min_version(self) -> int:
         """Oldest policy version among generated tokens (the staleness of the trajectory)."""
         v = self.versions.numpy()
-        m = self.loss_mask.numpy().astype(bool)
-        return int(v[m].min()) if m.any() else int(v.max(initial=0))
+        m = self.loss_mask.numpy() != 0
+        gen = v[m]
+        return int(gen.min()) if gen.size else int(v.max(initial=0))
 
 
 class Group(msgspec.Struct, kw_only=True):

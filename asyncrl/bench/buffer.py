@@ -12,6 +12,10 @@ readable conversation, ~30 KB):
   (c) raw pyzmq PUSH -> PULL of the same bytes, no log, no ack: the ceiling.
 Time runs from the moment all producers are released until the consumer holds every trajectory.
 Reports trajectories/s and MB/s of each, and the ratios a/b and a/c.
+
+``--scale N``: instead, N small training trajectories (groups of 4, ids ``bench-g<p>-<i>``) go through
+put / get / commit in rounds against the buffer process, and the line reports the buffer process's RSS
+(psutil) after the first round and at the end, their ratio, and the log's size on disk.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="concurrent puts per asyncrl producer (a worker's concurrent agent loops)")
     parser.add_argument("--fsync", choices=("each", "batched", "off"), default="batched")
     parser.add_argument("--skip-ray", action="store_true")
+    parser.add_argument("--scale", type=int, default=0,
+                        help="N > 0: carry N small trajectories through put/get/commit and report the buffer's RSS")
 
 
 # ---------------------------------------------------------------------------- payloads
@@ -243,7 +249,67 @@ def run_ray(a) -> tuple[float, int]:
         ray.shutdown()
 
 
+SCALE_ROUND, SCALE_GROUP = 4096, 4
+
+
+def run_scale(a) -> dict:
+    """`--scale N`: N small trajectories through one producer and one consumer, RSS of the buffer process."""
+    import msgspec
+    import psutil
+
+    from asyncrl.schema import make_trajectory
+
+    rounds = max(1, a.scale // SCALE_ROUND)
+    wal = tempfile.mkdtemp(prefix="asyncrl-bench-wal-")
+    srv = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "buffer", "--wal-dir", wal, "--fsync", a.fsync,
+                            "--port", str(free_port()), "--max-staleness", "4"], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
+    base = make_trajectory(uid="x", group_id="x", group_size=SCALE_GROUP, prompt_ids=[1, 2, 3],
+                           response_ids=[4, 5, 6, 7], loss_mask=[1] * 4, behavior_logprobs=[-0.5] * 4,
+                           versions=[0] * 4, reward=1.0)
+    rss: list[int] = []
+
+    async def main(addr: str) -> float:
+        ps = psutil.Process(srv.pid)
+        prod, cons = AsyncBufferProducer(addr, timeout_s=60.0), BufferConsumer(addr, timeout_s=60)
+        t0 = time.perf_counter()
+        for r in range(rounds):
+            first = r * SCALE_ROUND // SCALE_GROUP
+            await asyncio.gather(*(prod.put_bytes(encode(msgspec.structs.replace(
+                base, uid=f"bench-g{p}-{i}", group_id=f"bench-g{p}")))
+                for p in range(first, first + SCALE_ROUND // SCALE_GROUP) for i in range(SCALE_GROUP)))
+            ids, got = [], 0
+            while got < SCALE_ROUND:
+                b = await asyncio.to_thread(cons.get_batch, 256, 0, None, 60.0)
+                if b is None:
+                    raise RuntimeError(f"--scale stalled in round {r}: {cons.stats()}")
+                ids.append(b.batch_id)
+                got += sum(len(g.trajectories) for g in b.groups)
+            await asyncio.to_thread(cons.commit, ids, r)
+            if r == 0 or r == rounds - 1:
+                rss.append(ps.memory_info().rss)
+        dt = time.perf_counter() - t0
+        await prod.close()
+        cons.close()
+        return dt
+
+    try:
+        addr = srv.stdout.readline().split()[1]
+        dt = asyncio.run(main(addr))
+        wal_bytes = sum(f.stat().st_size for f in os.scandir(wal) if f.name.endswith(".wal"))
+    finally:
+        srv.terminate()
+        srv.wait(10)
+        shutil.rmtree(wal, ignore_errors=True)
+    n = rounds * SCALE_ROUND
+    return {"scale_trajectories": n, "fsync": a.fsync, "seconds": round(dt, 1), "traj_per_s": round(n / dt, 1),
+            "rss_first_round_mib": round(rss[0] / 2**20, 1), "rss_end_mib": round(rss[-1] / 2**20, 1),
+            "rss_end_over_first": round(rss[-1] / rss[0], 3), "wal_mib_end": round(wal_bytes / 2**20, 1)}
+
+
 def run(args: argparse.Namespace) -> dict:
+    if args.scale:
+        return run_scale(args)
     size = len(template(args.tokens))
     out: dict = {"trajectory_bytes": size, "trajectories": _per_producer(args) * args.producers, "producers": args.producers,
                  "fsync": args.fsync, "cpus": os.cpu_count()}

@@ -27,6 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compact-min-bytes", type=int, default=d.compact_min_bytes,
                         help="online log compaction once the log exceeds max(this, compact-ratio x the live state)")
     parser.add_argument("--compact-ratio", type=float, default=d.compact_ratio)
+    parser.add_argument("--disk-reserve-bytes", type=int, default=d.disk_reserve_bytes,
+                        help="preallocated beside the log, released when the disk is full (serving still logs)")
+    parser.add_argument("--disk-probe-s", type=float, default=d.disk_probe_s,
+                        help="while the disk is full: how often to check whether space returned")
+    parser.add_argument("--dedupe-other-max", type=int, default=d.dedupe_other_max,
+                        help="at most this many non-training uids and group ids are remembered (then refused)")
     parser.add_argument("--curve", choices=("off", "on", "auto"), default=d.curve,
                         help="CURVE encryption + allow-list of the client keys (auto: on for a non-loopback host)")
     parser.add_argument("--keys-dir", default=None,
@@ -43,7 +49,8 @@ def main(args: argparse.Namespace) -> int:
                        capacity_trajectories=args.capacity_trajectories, capacity_bytes=args.capacity_bytes,
                        order=args.order, max_frame_bytes=args.max_frame_bytes,
                        curve=args.curve, keys_dir=args.keys_dir, compact_min_bytes=args.compact_min_bytes,
-                       compact_ratio=args.compact_ratio)
+                       compact_ratio=args.compact_ratio, disk_reserve_bytes=args.disk_reserve_bytes,
+                       disk_probe_s=args.disk_probe_s, dedupe_other_max=args.dedupe_other_max)
     try:
         if curve_enabled(cfg) and not cfg.keys_dir:
             raise BufferConfigError(f"--curve={cfg.curve} (host {cfg.host!r}) needs --keys-dir: the clients must "

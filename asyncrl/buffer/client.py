@@ -8,7 +8,10 @@ by the next `get_batch`, so no served batch is lost while the consumer lives).
 Producer guarantees: `put` returns only after the buffer acknowledged the WAL append. A request
 that gets no reply within `timeout_s` is sent again with the same trajectory (same uid; the buffer
 stores a uid once) up to `retries` times; a BUSY reply (back-pressure) makes it wait and retry without
-limit, since waiting for the learner to drain is the intended behaviour.
+limit, since waiting for the learner to drain is the intended behaviour. A FULL reply (the buffer's disk
+is full: nothing was stored) makes it wait with capped exponential backoff (`FULL_WAIT_S` doubling up to
+`FULL_WAIT_MAX_S`) and retry without limit: the trajectory is never dropped. It logs one warning when
+an episode of refusals begins and one line when acks come back.
 
 Each takes a `BufferEndpoint` (or a bare address for a buffer without CURVE): with CURVE, the socket
 authenticates with the endpoint's client key pair, which the buffer admits only if it is on its
@@ -35,6 +38,7 @@ from asyncrl.schema import Batch, Trajectory
 log = logging.getLogger(__name__)
 
 BUSY_WAIT_S = 0.05  # first wait after a back-pressure reply (doubles up to 1 s)
+FULL_WAIT_S, FULL_WAIT_MAX_S = 0.1, 5.0  # first and longest wait after a disk-full refusal
 
 
 class BufferError(RuntimeError):
@@ -83,6 +87,8 @@ class AsyncBufferProducer:
         self._tasks: list[asyncio.Task] = []
         self._ids = _ids()
         self.busy_waits = 0
+        self.full_waits = 0  # disk-full refusals waited out
+        self._full_since: float | None = None  # when the current episode of disk-full refusals began
         self.resends = 0
         self.requests = 0
 
@@ -154,10 +160,11 @@ class AsyncBufferProducer:
         """Send an already encoded trajectory; returns after the ack with the buffer's verdict:
         'new' | 'dup' (already stored: a resend) | 'late' (its group was already served).
         Resends after `timeout_s` without reply (same bytes, same uid), up to `retries` times; waits
-        and resends without limit while the buffer answers 'busy' (back-pressure)."""
+        and resends without limit while the buffer answers 'busy' (back-pressure) or 'full: ...' (its
+        disk is full)."""
         self._ensure()
         loop = asyncio.get_running_loop()
-        attempts, backoff = 0, 0.0
+        attempts, backoff, full_wait = 0, 0.0, 0.0
         while True:
             fut = loop.create_future()
             self._outbox.append((body, fut))
@@ -177,8 +184,21 @@ class AsyncBufferProducer:
                 backoff = min(1.0, max(BUSY_WAIT_S, backoff * 2))
                 await asyncio.sleep(backoff)
                 continue
+            if verdict.startswith("full: "):
+                self.full_waits += 1
+                if self._full_since is None:
+                    self._full_since = time.monotonic()
+                    log.warning("buffer at %s refuses puts (%s); retrying with backoff, nothing is dropped",
+                                self.address, verdict[6:])
+                full_wait = min(FULL_WAIT_MAX_S, max(FULL_WAIT_S, full_wait * 2))
+                await asyncio.sleep(full_wait)
+                continue
             if verdict.startswith("err: "):
                 raise BufferError(f"buffer at {self.address} refused a put: {verdict[5:]}")
+            if self._full_since is not None:
+                log.warning("buffer at %s acks puts again after %.1f s of disk-full refusals", self.address,
+                            time.monotonic() - self._full_since)
+                self._full_since = None
             return verdict
 
     async def put(self, traj: Trajectory) -> None:

@@ -9,10 +9,11 @@ concurrent requests and ignore late ones.
 op         body                                   reply
 =========  =====================================  ==============================================
 PUT        msgpack Trajectory (as sent, stored    OK (``b"new"`` | ``b"dup"`` | ``b"late"``),
-           verbatim in the WAL)                   BUSY (back-pressure: retry later), ERR
+           verbatim in the WAL)                   BUSY (back-pressure: retry later), FULL (disk
+                                                  full: nothing stored, retry later), ERR
 PUTS       one frame per trajectory (a client's   OK with a msgpack list of per-item verdicts:
            concurrent puts, coalesced; at most    ``"new"`` | ``"dup"`` | ``"late"`` | ``"busy"``
-           `MAX_PUTS` items)                      | ``"err: <why>"``
+           `MAX_PUTS` items)                      | ``"full: <why>"`` | ``"err: <why>"``
 FAIL       msgpack `FailReport`                   OK
 GET        msgpack `GetRequest`                   BATCH (`batch_frames`) or EMPTY on its deadline
 COMMIT     msgpack `CommitRequest`                OK
@@ -40,6 +41,7 @@ OPS = (PUT, PUTS, FAIL, GET, COMMIT, VERSION, STATS)
 MAX_PUTS = 1024
 # reply statuses
 OK, BUSY, ERR, BATCH, EMPTY, STATS_REPLY = b"OK", b"BUSY", b"ERR", b"BATCH", b"EMPTY", b"STATS"
+FULL = b"FULL"  # PUT refused, disk full: nothing stored, retry later (the body says the dir and free bytes)
 
 # WAL record kinds
 REC_PUT, REC_FAIL, REC_DROP, REC_SERVE, REC_COMMIT, REC_SNAPSHOT = 1, 2, 3, 4, 5, 6
@@ -92,18 +94,33 @@ class ServeRecord(msgspec.Struct, frozen=True):
 
 
 class GroupCounts(msgspec.Struct, frozen=True):
+    """A pending group's counts and what it must still refuse (its stale-dropped uids, its applied FAIL keys)."""
+
     group_id: str
     expected: int
     failed: int
+    stale: int = 0
+    dropped_uids: list[str] = []
+    fail_keys: list[str] = []
+
+
+class RunClosed(msgspec.Struct, frozen=True):
+    """The closed training groups of one run: retry-0 positions as [start, end) intervals, and (position,
+    retry) of closed retries."""
+
+    run_id: str
+    intervals: list[tuple[int, int]]
+    retries: list[tuple[int, int]]
 
 
 class Snapshot(msgspec.Struct, frozen=True):
-    """First record of a compacted log: what the dropped history still has to remember."""
+    """First record of a compacted log: what the dropped history still has to remember (bounded: see
+    `asyncrl.buffer.store`, rules on dedupe)."""
 
-    seen_uids: list[str]  # uids no longer held (served+committed, dropped): a resend stays a duplicate
-    fail_keys: list[str]
-    groups: list[GroupCounts]  # pending groups' expected size and failed count
-    closed_groups: list[str]  # groups already served: a late member is not a new group
+    other_uids: list[str]  # non-training uids no longer held: a resend stays a duplicate
+    closed_runs: list[RunClosed]  # closed training groups: a late member is not a new group
+    closed_other: list[str]  # closed non-training groups
+    groups: list[GroupCounts]  # pending groups
     next_batch_id: int
 
 

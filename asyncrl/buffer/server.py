@@ -22,7 +22,20 @@ admits only the allow-listed producer and consumer public keys and names each co
 `_handle` answers a request outside its role's `ROLE_OPS` with ERR. A non-loopback bind without
 CURVE is refused (`check_bind`).
 
-Fatal errors (a failed log write or fsync: disk full, I/O error; a bug): the loop stops applying
+Disk full (a log write fails with ENOSPC or EDQUOT): the log is cut back to where the write began (no
+torn or half-acknowledged record), what that write held other than PUTs is written again into the space
+of the reserve (`asyncrl.buffer.diskspace.DiskReserve`, `buffer.disk_reserve_bytes` preallocated beside
+the log, released now), and the service stops acknowledging PUTs: each new trajectory is answered FULL
+(PUTS: the verdict ``"full: <why>"``) naming the directory and its free bytes, with nothing applied, so
+the producer keeps it and retries. GET, COMMIT, FAIL, VERSION and STATS are served as before; their small
+records go into the reserve's space. Every `buffer.disk_probe_s` the service tries to allocate the
+reserve again; once it holds it and as much again is free, PUTs are acknowledged again. If the reserve's
+space is used up too, the next write fails the service (below). PUT records are written before they are
+applied (with the records of the round that came before them, one write), and undone in memory if that
+write finds the disk full; everything else is applied, then written at the end of the round.
+
+Fatal errors (a failed log write or fsync other than disk full: I/O error, file too large, a disk still
+full once the reserve is used up; a bug): the loop stops applying
 requests, keeps the error (`error`, `health()`) and from then on answers every request, the ones
 waiting for an ack or a batch included, with ERR "buffer stopped: <error>" (never an ack: what was not
 logged is not acknowledged). Nobody waits on silence; the controller reads `health()` and stops the run.
@@ -41,6 +54,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
 from asyncrl.buffer import protocol as P
+from asyncrl.buffer.diskspace import DiskReserve, free_bytes, full_errno
 from asyncrl.buffer.keys import BufferKeys, curve_enabled
 from asyncrl.buffer.store import BufferState, Entry
 from asyncrl.buffer.wal import WalError, WriteAheadLog, frame_parts, should_compact
@@ -103,16 +117,27 @@ class AllowList(ThreadAuthenticator):
         return self._roles[z85.encode(client_public_key)]
 
 
+_TRAJECTORY = msgspec.msgpack.Decoder(Trajectory)
+
+
 def decode_put(body: bytes) -> Entry:
     """Decode a PUT body as a Trajectory and check it with `Trajectory.validate` (the one validation);
     raise ValueError naming what is wrong."""
     try:
-        t = msgspec.msgpack.decode(body, type=Trajectory).validate()
+        t = _TRAJECTORY.decode(body).validate()
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise ValueError(f"PUT body is not a valid Trajectory: {e}") from e
     except SchemaError as e:
         raise ValueError(f"PUT {e}") from e
     return Entry(t.uid, t.group_id, t.group_size, t.min_version(), body)
+
+
+class _DiskFull(Exception):
+    """A log write found the disk full; the log was cut back to where that write began."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class _Parked(msgspec.Struct):
@@ -133,17 +158,23 @@ class BufferService:
         self._auth: AllowList | None = None
         self.wal = WriteAheadLog(wal_dir, cfg.fsync)
         self._meta_bytes = 0  # size of the last compaction's SNAPSHOT record (part of the live state)
-        self.state = BufferState(cfg.capacity_trajectories, cfg.capacity_bytes, cfg.order)
+        self.state = BufferState(cfg.capacity_trajectories, cfg.capacity_bytes, cfg.order, cfg.dedupe_other_max)
+        self.reserve = DiskReserve(self.wal.dir, cfg.disk_reserve_bytes)
+        self.full: str | None = None  # why PUTs are refused (disk full), None while they are acknowledged
+        self._next_probe = 0.0
+        self._wrote = False  # this round wrote records (the batched policy's fsync covers them)
         self.max_staleness = max_staleness  # eta: fixed for the service's life
         self.version = 0
         self.threshold = -max_staleness  # version - eta, from the last VERSION or GET
-        self.counts = {"malformed": 0, "bytes_received": 0, "busy_replies": 0, "requests": 0, "forbidden": 0}
+        self.counts = {"malformed": 0, "bytes_received": 0, "busy_replies": 0, "requests": 0, "forbidden": 0,
+                       "full_refusals": 0, "disk_full_episodes": 0, "dedupe_refused": 0}
         self._parked: dict[bytes, _Parked] = {}
         self._sync_fut = None  # running fsync (batched policy) and the replies it releases
         self._in_sync: list[list[bytes]] = []
         self._after_sync: list[list[bytes]] = []  # replies waiting for the next fsync
         self._need_sync = False
         self._round: list[list[bytes]] = []  # the replies of the round being written
+        self._current: list[bytes] | None = None  # [ident, req_id] of the PUT being written
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ctx: zmq.Context | None = None
@@ -155,6 +186,14 @@ class BufferService:
 
     def start(self) -> str:
         self._replay()
+        self.state.drop_empty_complete()  # groups the log leaves complete and empty are closed before any PUT
+        try:
+            room = self.reserve.try_acquire()
+        except OSError as e:
+            raise WalError(f"cannot allocate the buffer's disk reserve {self.reserve.path} "
+                           f"(buffer.disk_reserve_bytes={self.reserve.nbytes}): {e}") from e
+        if not room:
+            self._enter_full(OSError(28, f"no room for the {self.reserve.nbytes}-byte disk reserve at start"))
         self._ctx = zmq.Context()
         if self.keys is not None:  # the ZAP handler must serve before the first client handshakes
             self._auth = AllowList(self._ctx, self.keys.allowed())
@@ -301,6 +340,8 @@ class BufferService:
         msg = f"buffer stopped: {_describe(e)}".encode()[:1000]
         waiting = self._in_sync + self._after_sync + [[p.ident, p.req_id] for p in self._parked.values()]
         waiting += [r for r in self._round if not any(r is w for w in waiting)]
+        if self._current is not None:  # the PUT whose write failed
+            waiting.append(self._current)
         self._in_sync, self._after_sync, self._parked, self._round = [], [], {}, []
         self._send([[r[0], r[1], P.ERR, msg] for r in waiting])
         sock = self._sock
@@ -336,29 +377,90 @@ class BufferService:
                         break
             records: list[bytes] = []
             replies: list[list[bytes]] = []
+            self._round = replies  # what a failure below leaves unanswered (_refuse_all answers it)
             for m in msgs:
                 self._handle(m, records, replies)
             self._answer_parked(records, replies)
-            self._round = replies  # what a failure below leaves unanswered (_refuse_all answers it)
+            self._flush(records)
+            if self.full is not None and time.monotonic() >= self._next_probe:
+                self._probe_space()
             if self.wal.policy == "batched":
-                self._group_commit(records, replies)
+                self._group_commit(replies)
                 continue
+            self._wrote = False
+            self._send(replies)
+
+    # ------------------------------------------------------------------ writing, disk full
+
+    def _append(self, records: list) -> None:
+        """Write `records` now (``each``: one fsync per record). On ENOSPC/EDQUOT the log is cut back to
+        where this write began and `_DiskFull` is raised; any other failure raises WalError."""
+        if not records:
+            return
+        start = self.wal.end()
+        try:
             if self.wal.policy == "each":  # every record fsynced on its own, before any ack
                 for r in records:
                     self.wal.append_many([r])
             else:
                 self.wal.append_many(records)
-            self._send(replies)
+        except WalError as e:
+            if full_errno(e) is None:
+                raise
+            try:
+                self.wal.cut(start)
+            except OSError as cut_err:
+                raise WalError(f"{e}; cutting the log back to byte {start} failed too: {cut_err}") from e
+            raise _DiskFull(e) from e
+        self._wrote = True
 
-    def _group_commit(self, records: list[bytes], replies: list[list[bytes]]) -> None:
-        """Write this round's records; replies wait for the fsync that covers them. One fsync runs at a
+    def _flush(self, records: list) -> None:
+        """Write the round's records that are applied already (not PUTs): if the disk is full, into the
+        reserve's space; with no reserve left, the service fails."""
+        try:
+            self._append(records)
+        except _DiskFull as e:
+            if not self._enter_full(e.cause):
+                raise WalError(f"{e} (disk full and the {self.reserve.nbytes}-byte reserve "
+                               f"{self.reserve.path} is used up)") from e.cause
+            try:
+                self._append(records)
+            except _DiskFull as e2:
+                raise WalError(f"{e2} (disk full and the {self.reserve.nbytes}-byte reserve "
+                               f"{self.reserve.path} is used up)") from e2.cause
+        records.clear()
+
+    def _enter_full(self, cause: BaseException) -> bool:
+        """Refuse PUTs from now on; release the reserve. False if the reserve was already released."""
+        released = self.reserve.release()
+        if self.full is None:
+            self.counts["disk_full_episodes"] += 1
+            log.warning("replay buffer: disk full (%s); refusing PUTs until space returns, still serving", cause)
+        self.full = f"{cause}"
+        self._next_probe = time.monotonic() + self.cfg.disk_probe_s
+        return released
+
+    def _full_verdict(self) -> str:
+        self.counts["full_refusals"] += 1
+        return (f"full: buffer disk full, {free_bytes(self.wal.dir)} bytes free in {self.wal.dir} "
+                f"({self.full}); PUTs are refused until space returns: retry")[:500]
+
+    def _probe_space(self) -> None:
+        """While full: take the reserve again; with it held and as much again free, acknowledge PUTs again."""
+        self._next_probe = time.monotonic() + self.cfg.disk_probe_s
+        if self.reserve.try_acquire() and free_bytes(self.wal.dir) >= self.reserve.nbytes:
+            log.warning("replay buffer: disk space returned (%d bytes free in %s); acknowledging PUTs again",
+                        free_bytes(self.wal.dir), self.wal.dir)
+            self.full = None
+
+    def _group_commit(self, replies: list[list[bytes]]) -> None:
+        """This round's records are written; replies wait for the fsync that covers them. One fsync runs at a
         time on a helper thread; rounds arriving meanwhile queue behind the next one. While anything
         is unsynced every reply waits (a 'dup' ack or a served batch may rest on unsynced records)."""
-        if records:
-            self.wal.append_many(records)
-        if records or self._sync_fut is not None or self._after_sync:
+        wrote, self._wrote = self._wrote, False
+        if wrote or self._sync_fut is not None or self._after_sync:
             self._after_sync += replies
-            self._need_sync = self._need_sync or bool(records)
+            self._need_sync = self._need_sync or wrote
         else:
             self._send(replies)
         if self._sync_fut is not None and self._sync_fut.done():
@@ -403,8 +505,9 @@ class BufferService:
         if len(m) >= 4 and m[2] == P.PUTS and isinstance(m[1], bytes):
             if len(m) - 3 > P.MAX_PUTS:
                 return err(f"PUTS with {len(m) - 3} items exceeds {P.MAX_PUTS}")
-            verdicts = [self._put_one(body, records) for body in m[3:]]
-            replies.append([ident, req_id, P.OK, P.pack(verdicts)])
+            self._current = [ident, req_id]
+            replies.append([ident, req_id, P.OK, P.pack(self._puts(m[3:], records))])
+            self._current = None
             return
         if len(m) != 4:
             return err(f"expected 3 frames [req_id, op, body], got {len(m) - 1}")
@@ -415,7 +518,9 @@ class BufferService:
             return err(f"body of {len(body)} bytes exceeds buffer.max_frame_bytes={self.cfg.max_frame_bytes}")
         try:
             if op == P.PUT:
+                self._current = [ident, req_id]
                 self._put(ident, req_id, body, records, replies)
+                self._current = None
             elif op == P.FAIL:
                 rep = P.unpack(body, P.FailReport)
                 if rep.count < 1 or rep.group_size < 1:
@@ -449,36 +554,80 @@ class BufferService:
             err(str(e))
 
     def _put(self, ident, req_id, body, records, replies) -> None:
-        verdict = self._put_one(body, records)
+        verdict = self._puts([body], records)[0]
         if verdict.startswith("err: "):
             replies.append([ident, req_id, P.ERR, verdict[5:].encode()])
+        elif verdict.startswith("full: "):
+            replies.append([ident, req_id, P.FULL, verdict[6:].encode()])
         elif verdict == "busy":
             replies.append([ident, req_id, P.BUSY, str(BUSY_RETRY_MS).encode()])
         else:
             replies.append([ident, req_id, P.OK, verdict.encode()])
 
-    def _put_one(self, body: bytes, records: list[bytes]) -> str:
-        """Admit one trajectory: 'new' | 'dup' | 'late' | 'busy' | 'err: <why>' (malformed, counted)."""
+    def _puts(self, bodies: list, records: list) -> list[str]:
+        """Admit the trajectories of one request, one verdict each: 'new' | 'dup' | 'late' | 'busy' |
+        'full: <why>' (disk full: retry) | 'err: <why>' (malformed or refused, counted). The new ones are
+        applied, then written with the round's earlier records in one write before anything is answered;
+        if that write finds the disk full they are undone and answered 'full: ...' instead."""
+        st = self.state
+        if self.full is None and (st.size + len(bodies) > st.capacity_trajectories
+                                  or st.nbytes + sum(len(b) for b in bodies) > st.capacity_bytes):
+            self._drop_stale(records)  # free what may be freed before refusing any as busy
+        verdicts: list[str] = []
+        uids: list[str | None] = []
+        applied: list[tuple[Entry, bool]] = []  # (entry, its group was created by it)
+        for body in bodies:
+            verdict, e = self._admit(body)
+            if verdict == "new" and self.full is not None:
+                verdict = self._full_verdict()
+            elif verdict == "new":
+                created = e.group_id not in st.groups
+                st.apply_put(e)
+                records.append(frame_parts(P.REC_PUT, e.raw))
+                applied.append((e, created))
+            verdicts.append(verdict)
+            uids.append(e.uid if e is not None else None)
+        if not applied:
+            return verdicts
+        try:
+            self._append(records)
+        except _DiskFull as ex:
+            for e, created in reversed(applied):
+                st.unapply_put(e, created)
+            del records[len(records) - len(applied):]
+            self._enter_full(ex.cause)  # releases the reserve
+            self._flush(records)  # the round's earlier records (applied already), into the reserve's space
+            undone = {e.uid for e, _ in applied}
+            for i, (v, uid) in enumerate(zip(verdicts, uids)):
+                if uid in undone and v in ("new", "dup"):  # a 'dup' of an undone copy in the same request
+                    verdicts[i] = self._full_verdict()
+            return verdicts
+        records.clear()
+        return verdicts
+
+    def _admit(self, body) -> tuple[str, Entry | None]:
+        """Decode, validate and classify one trajectory (no state change): ('new', entry) or (verdict, ...)."""
         if len(body) > self.cfg.max_frame_bytes:
             self.counts["malformed"] += 1
-            return f"err: body of {len(body)} bytes exceeds buffer.max_frame_bytes={self.cfg.max_frame_bytes}"
+            return f"err: body of {len(body)} bytes exceeds buffer.max_frame_bytes={self.cfg.max_frame_bytes}", None
         try:
             e = decode_put(body)
+            verdict = self.state.classify(e.uid, e.group_id, len(body))
         except ValueError as ex:
             self.counts["malformed"] += 1
-            return f"err: {ex}"[:1000]
+            return f"err: {ex}"[:1000], None
         self.counts["bytes_received"] += len(body)
-        verdict = self.state.classify(e.uid, e.group_id, len(body))
-        if verdict == "busy":
-            self._drop_stale(records)  # free what may be freed before refusing
-            verdict = self.state.classify(e.uid, e.group_id, len(body))
-        if verdict == "busy":
+        if verdict in ("dup", "late"):
+            self.state.counts["duplicates" if verdict == "dup" else "late"] += 1
+        elif verdict == "busy":
             self.counts["busy_replies"] += 1
-            return "busy"
-        verdict = self.state.apply_put(e)
-        if verdict != "dup":
-            records.append(frame_parts(P.REC_PUT, e.raw))
-        return verdict
+        elif verdict == "full-dedupe":
+            self.counts["dedupe_refused"] += 1
+            cap = self.state.dedupe_other_max
+            return (f"err: the buffer remembers {cap} uids and group ids that are not training ids "
+                    f"(buffer.dedupe_other_max={cap}): refusing the new uid {e.uid!r} of group {e.group_id!r}; "
+                    "training ids (<run_id>-g<position>[r<retry>]-<i>) have no such cap"), e
+        return verdict, e
 
     def _drop_stale(self, records: list[bytes]) -> None:
         uids = self.state.stale_uids(self.threshold)
@@ -538,7 +687,8 @@ class BufferService:
                 "wal_bytes_written": self.wal.bytes_written, "wal_fsyncs": self.wal.fsyncs,
                 "wal_bytes": self.wal.offset, "wal_compactions": self.wal.compactions,
                 "wal_compaction_error": self.wal.compaction_error,
-                "wal_recovery": self.wal.recovery.as_dict()}
+                "wal_recovery": self.wal.recovery.as_dict(),
+                "disk_full": self.full is not None, "disk_reserve_held": self.reserve.held}
 
 
 def _describe(e: BaseException) -> str:

@@ -540,6 +540,16 @@ class WriteAheadLog:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.offset = os.fstat(self._fd).st_size
 
+    def end(self) -> int:
+        """Byte offset of the log's end (where the next record goes)."""
+        return os.fstat(self._fd).st_size
+
+    def cut(self, offset: int) -> None:
+        """Cut the log back to `offset`: a write that failed part-way (disk full) leaves no torn record.
+        Records appended after `offset` by this write are gone with it, so `offset` is the log's size again."""
+        os.ftruncate(self._fd, offset)
+        self.offset = offset
+
     def append(self, kind: int, payload) -> None:
         """Write one record; under ``each`` it is on disk when this returns."""
         self.append_many([frame_parts(kind, payload)])

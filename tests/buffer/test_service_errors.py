@@ -29,7 +29,7 @@ def _limited_log() -> None:  # runs in the service's process before exec
 def _start(wal_dir, limited: bool) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "asyncrl.cli", "buffer", "--wal-dir", str(wal_dir), "--port", str(free_port()),
-         "--fsync", "each", "--max-staleness", "0"],
+         "--fsync", "each", "--max-staleness", "0", "--disk-reserve-bytes", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_limited_log if limited else None)
     line = proc.stdout.readline()
     if not line.startswith("BUFFER_ADDRESS "):
@@ -99,11 +99,12 @@ def test_a_stopped_service_answers_every_request_with_its_error(tmp_path):
     consumer = BufferConsumer(svc.address, timeout_s=30.0)
     try:
         assert svc.health() is None
-        # the log's descriptor now writes to /dev/full: the next write fails for real with ENOSPC
-        full = os.open("/dev/full", os.O_WRONLY)
-        os.dup2(full, svc.wal._fd)
-        os.close(full)
-        want = f"buffer log write failed: [Errno 28] No space left on device: '{svc.wal.path}'"
+        # the log's descriptor is now read-only: the next write fails for real with EBADF (an error other
+        # than a full disk, which is retryable instead: test_disk_full.py)
+        ro = os.open(svc.wal.path, os.O_RDONLY)
+        os.dup2(ro, svc.wal._fd)
+        os.close(ro)
+        want = f"buffer log write failed: [Errno 9] Bad file descriptor: '{svc.wal.path}'"
         with pytest.raises(BufferError) as e:
             consumer.commit([1], step=1)  # the commit record's write fails
         assert f"buffer stopped: {want}" in str(e.value)
