@@ -15,9 +15,9 @@ Per episode the loop opens a session on the rollout worker's OpenAI-compatible p
 Both are bounded by `agent.openai.timeout_s` (the command's process group is SIGKILLed after it).
 Reward: the function's return value; else what the agent POSTed to /rl/set_reward; else the env's
 reward function on the last reply's text. A reward set for a completion id overrides it for the
-chain that ends in that completion. The trajectory is the chain holding the episode's last call
-(docs/design.md "The OpenAI-compatible proxy": merged vs split calls); the other chains are counted
-in `proxy/chains_dropped`. An agent that raises, times out, makes no call, returns something that
+chain that ends in that completion. The episode yields one trajectory per chain of calls (docs/design.md
+"The OpenAI-compatible proxy": merged vs split calls), the chain holding the last call first; all go to
+the buffer in the episode's group (`episode_chains`), and `proxy/chains` counts them. An agent that raises, times out, makes no call, returns something that
 is not a number, or exits non-zero fails only its own episode (`OpenAIAgentError`, naming why).
 """
 
@@ -152,7 +152,7 @@ class OpenAIAgent(AgentLoop):
         check_config(cfg.openai)  # the preflight calls this: a missing or unknown agent fails before the run
         return ChatFormat(tokenizer, tools=tool_schemas, system_prompt=cfg.system_prompt)
 
-    async def run(self, sample: Sample, ctx: AgentContext) -> Trajectory:
+    async def run(self, sample: Sample, ctx: AgentContext) -> list[Trajectory]:
         oc = ctx.cfg.openai
         check_config(oc)
         proxy = await proxy_for(ctx)
@@ -174,7 +174,7 @@ class OpenAIAgent(AgentLoop):
                                    "episode's OPENAI_BASE_URL?)")
         return await self.finish(sample, ctx, s, returned)
 
-    async def finish(self, sample: Sample, ctx: AgentContext, s: Session, returned: Optional[float]) -> Trajectory:
+    async def finish(self, sample: Sample, ctx: AgentContext, s: Session, returned: Optional[float]) -> list[Trajectory]:
         extra: dict[str, float] = {}
         if returned is not None:
             reward, source = returned, "returned"
@@ -196,7 +196,6 @@ class OpenAIAgent(AgentLoop):
             "proxy/calls": float(n),
             "proxy/calls_merged": float(sum(len(c.records) - 1 for _, c in built)),
             "proxy/chains": float(len(built)),
-            "proxy/chains_dropped": float(len(built) - 1),
             "proxy/tool_calls": float(sum(len(r.tool_calls) for r in s.records)),
             "proxy/bad_requests": float(s.bad_requests),
             "proxy/sampling_overridden": float(s.sampling_overridden),
@@ -208,4 +207,4 @@ class OpenAIAgent(AgentLoop):
         }
         metrics.update({f"reward/{k}": v for k, v in extra.items()})
         traj.metrics = metrics
-        return traj
+        return [t for t, _ in built]

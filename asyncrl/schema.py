@@ -58,6 +58,9 @@ _FIELDS = (("prompt_ids", "int32"), ("response_ids", "int32"), ("loss_mask", "ui
            ("behavior_logprobs", "float32"), ("versions", "int32"))  # the per-trajectory arrays and their dtypes
 
 
+MAX_EPISODE_CHAINS = 256  # trajectories one episode may split into (bounds what a group waits for)
+
+
 class Trajectory(msgspec.Struct, kw_only=True):
     """One finished episode: the unit that flows from a rollout worker through the buffer to the learner."""
 
@@ -79,6 +82,10 @@ class Trajectory(msgspec.Struct, kw_only=True):
     messages: list[dict[str, Any]] = []  # readable conversation for the viewer
     data_index: int = -1  # position of the prompt in the dataset (resume bookkeeping)
     sample_index: int = 0  # index within the group
+    # trajectories its episode produced (this one among them, all with the episode's sample_index): an
+    # agent may split an episode (openai_agent when the agent rewrote its history); the buffer counts
+    # the group complete once every one of them arrived (asyncrl/buffer/store.py, episode chains)
+    episode_chains: int = 1
 
     def validate(self) -> Trajectory:
         """The one check of a trajectory (the buffer runs it on every PUT, the learner on every batch):
@@ -98,6 +105,9 @@ class Trajectory(msgspec.Struct, kw_only=True):
             n = len(getattr(self, name))
             if n != r:
                 raise SchemaError(f"trajectory {self.uid}: {name} has {n} entries, response_ids has {r}")
+        if not 1 <= self.episode_chains <= MAX_EPISODE_CHAINS:
+            raise SchemaError(f"trajectory {self.uid}: episode_chains must be in [1, {MAX_EPISODE_CHAINS}], got "
+                              f"{self.episode_chains}")
         if not math.isfinite(self.reward):
             raise NonFiniteRewardError(f"trajectory {self.uid}: reward is {self.reward}, not a finite number")
         bad = [k for k, x in enumerate(self.turn_rewards) if not math.isfinite(x)]

@@ -1,7 +1,8 @@
 """The agent-loop interface, the per-episode machinery the built-in loops share, and `run_episode`.
 
 An agent loop is a class registered with `@register("agent", name)` whose `run(sample, ctx)`
-returns a finished `Trajectory`. The rollout worker calls only `run_episode(sample, ctx, default)`.
+returns a finished `Trajectory` (or, to split an episode, a list of them: `run_episode_chains`). The
+rollout worker calls only `run_episode_chains(sample, ctx, default)`.
 
 Budgets (AgentConfig): each generation asks for max_new_tokens = min(max_turn_tokens, remaining)
 where remaining = max_response_tokens - len(response_ids) (inserted tokens count too); a block of
@@ -207,11 +208,30 @@ def resolve_agent(name: str) -> AgentLoop:
     return obj() if isinstance(obj, type) else obj
 
 
-async def run_episode(sample: Sample, ctx: AgentContext, default_agent: str) -> Trajectory:
-    """Run the row's agent loop (sample.agent_name, else `default_agent`). Model and tool misbehaviour
-    ends up in the trajectory; anything else (engine down, a bug) propagates to the caller."""
+async def run_episode_chains(sample: Sample, ctx: AgentContext, default_agent: str) -> list[Trajectory]:
+    """Run the row's agent loop (sample.agent_name, else `default_agent`): its trajectories, the episode's
+    main one first. A loop returns one Trajectory, or a list when it splits the episode (openai_agent when
+    the agent rewrote its history): then each carries `episode_chains` = the list's length and the
+    sample's group and sample_index, so the buffer's group waits for all of them. Model and tool
+    misbehaviour ends up in the trajectory; anything else (engine down, a bug) propagates."""
     name = sample.agent_name or default_agent
-    traj = await resolve_agent(name).run(sample, ctx)
-    if not isinstance(traj, Trajectory):
-        raise TypeError(f"agent {name!r} returned {type(traj).__name__}, expected a Trajectory")
-    return traj.validate()
+    got = await resolve_agent(name).run(sample, ctx)
+    chains = got if isinstance(got, list) else [got]
+    if not chains or not all(isinstance(t, Trajectory) for t in chains):
+        kinds = ", ".join(type(t).__name__ for t in chains) if isinstance(got, list) else type(got).__name__
+        raise TypeError(f"agent {name!r} returned {kinds or 'an empty list'}, expected a Trajectory or a "
+                        "non-empty list of them")
+    for t in chains:
+        t.validate()
+        if (t.episode_chains, t.group_id, t.sample_index) != (len(chains), sample.group_id, sample.sample_index):
+            raise ValueError(f"agent {name!r}: trajectory {t.uid} of a {len(chains)}-trajectory episode has "
+                             f"episode_chains={t.episode_chains}, group {t.group_id!r}, sample_index "
+                             f"{t.sample_index}; expected {len(chains)}, {sample.group_id!r}, {sample.sample_index}")
+    if len({t.uid for t in chains}) != len(chains):
+        raise ValueError(f"agent {name!r}: the trajectories of one episode share a uid")
+    return chains
+
+
+async def run_episode(sample: Sample, ctx: AgentContext, default_agent: str) -> Trajectory:
+    """The episode's main trajectory (`run_episode_chains`' first): what evaluation scores."""
+    return (await run_episode_chains(sample, ctx, default_agent))[0]

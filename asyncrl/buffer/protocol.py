@@ -102,6 +102,7 @@ class GroupCounts(msgspec.Struct, frozen=True):
     stale: int = 0
     dropped_uids: list[str] = []
     fail_keys: list[str] = []
+    extended: list[int] = []  # episodes whose extra chains `expected` already counts
 
 
 class RunClosed(msgspec.Struct, frozen=True):

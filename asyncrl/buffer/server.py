@@ -129,7 +129,7 @@ def decode_put(body: bytes) -> Entry:
         raise ValueError(f"PUT body is not a valid Trajectory: {e}") from e
     except SchemaError as e:
         raise ValueError(f"PUT {e}") from e
-    return Entry(t.uid, t.group_id, t.group_size, t.min_version(), body)
+    return Entry(t.uid, t.group_id, t.group_size, t.min_version(), body, t.sample_index, t.episode_chains)
 
 
 class _DiskFull(Exception):

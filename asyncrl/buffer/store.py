@@ -15,7 +15,9 @@ Rules:
   than its own is refused. Any other uid (tests, eval, tools) and its group id are remembered exactly in
   plain sets, at most `dedupe_other_max` entries: past that a new such uid is refused ('full-dedupe'),
   never forgotten;
-- a group is *complete* when ``len(members) + failed >= expected``; `failed` counts members reported
+- a group is *complete* when ``len(members) + failed >= expected``; `expected` starts at the group's size
+  (episodes) and grows by ``chains - 1`` the first time a trajectory of a split episode (``episode_chains =
+  chains > 1``, its chains sharing the episode's sample_index) arrives, so the group waits for every chain; `failed` counts members reported
   failed by the rollout side plus members dropped as stale, so a served group carries its real size;
 - a trajectory is stale when ``min_version < current_version - max_staleness``; stale ones are
   dropped and counted, never served;
@@ -53,6 +55,9 @@ class Entry:
     group_size: int
     min_version: int
     raw: bytes | memoryview  # the trajectory exactly as received (msgpack; a view of the received frame)
+    episode: int = 0  # the trajectory's sample_index: the episode of its group it comes from
+    chains: int = 1  # trajectories that episode produced (Trajectory.episode_chains)
+    extended: bool = False  # storing it grew its group's `expected` by chains - 1 (undone with it)
 
 
 @dataclass(slots=True)
@@ -65,6 +70,7 @@ class PendingGroup:
     complete_seq: int = -1  # order in which the group became complete (-1: not yet)
     dropped: set[str] = field(default_factory=set)  # uids dropped as stale (a resend stays a duplicate)
     fail_keys: set[str] = field(default_factory=set)  # FAIL report keys applied (a resent report is ignored)
+    extended: set[int] = field(default_factory=set)  # episodes whose extra chains `expected` counts
 
     def is_complete(self) -> bool:
         return len(self.members) + self.failed >= self.expected
@@ -116,7 +122,7 @@ class IntervalSet:
         return list(zip(self.starts, self.ends))
 
 
-_UID_INDEX = re.compile(r"(.+)-(0|[1-9]\d*)")
+_UID_INDEX = re.compile(r"(.+)-(0|[1-9]\d*)(?:-c[1-9]\d*)?")
 
 
 @functools.lru_cache(maxsize=8192)  # each put asks twice for its uid and several times for its group
@@ -130,7 +136,8 @@ def group_key(group_id: str) -> GroupKey | None:
 
 @functools.lru_cache(maxsize=8192)
 def uid_group(uid: str) -> str | None:
-    """The training group a uid names by its shape (``<group_id>-<k>`` with a training group id), or None."""
+    """The training group a uid names by its shape (``<group_id>-<k>``, or ``<group_id>-<k>-c<j>`` for chain j of
+    a split episode, with a training group id), or None."""
     m = _UID_INDEX.fullmatch(uid)
     return m.group(1) if m is not None and group_key(m.group(1)) is not None else None
 
@@ -275,6 +282,10 @@ class BufferState:
         g = self.groups.get(e.group_id)
         if g is None:
             g = self.groups[e.group_id] = PendingGroup(e.group_id, max(1, e.group_size))
+        e.extended = e.chains > 1 and e.episode not in g.extended
+        if e.extended:  # the first chain of a split episode: its group waits for all of them
+            g.extended.add(e.episode)
+            g.expected += e.chains - 1
         g.members[e.uid] = e
         self.held[e.uid] = e.group_id
         self.size += 1
@@ -289,6 +300,9 @@ class BufferState:
         made its group."""
         g = self.groups[e.group_id]
         del g.members[e.uid]
+        if e.extended:
+            g.extended.discard(e.episode)
+            g.expected -= e.chains - 1
         del self.held[e.uid]
         self.other_seen.discard(e.uid)
         self.size -= 1
@@ -372,7 +386,8 @@ class BufferState:
         self.closed.load(s.closed_runs, s.closed_other)
         for gc in s.groups:
             self.groups[gc.group_id] = PendingGroup(gc.group_id, gc.expected, gc.failed, gc.stale,
-                                                    dropped=set(gc.dropped_uids), fail_keys=set(gc.fail_keys))
+                                                    dropped=set(gc.dropped_uids), fail_keys=set(gc.fail_keys),
+                                                    extended=set(gc.extended))
         self.next_batch_id = max(self.next_batch_id, s.next_batch_id)
 
     # ------------------------------------------------------------------ live decisions
@@ -437,7 +452,8 @@ class BufferState:
         closed_runs, closed_other = self.closed.records(queued_groups)
         snap = P.Snapshot(
             other_uids=sorted(self.other_seen - live_uids), closed_runs=closed_runs, closed_other=closed_other,
-            groups=[P.GroupCounts(g.group_id, g.expected, g.failed, g.stale, sorted(g.dropped), sorted(g.fail_keys))
+            groups=[P.GroupCounts(g.group_id, g.expected, g.failed, g.stale, sorted(g.dropped), sorted(g.fail_keys),
+                                  sorted(g.extended))
                     for g in self.groups.values()],
             next_batch_id=self.next_batch_id)
         out = [(P.REC_SNAPSHOT, P.pack(snap))]

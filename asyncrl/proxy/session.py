@@ -190,7 +190,7 @@ class Session:
             reward = float(base) * discount ** (n - 1 - c.records[-1])
             finish = last.finish_reason if last.finish_reason in ("stop", "length", "abort") else "stop"
             msgs = list(last.messages) + [{"role": "assistant", "content": last.text}]
-            traj = c.builder.build(uid=uid if k == 0 else f"{uid}-c{k}", reward=reward, num_turns=len(c.records), finish_reason=finish, messages=msgs,
-                                   **fields)
+            traj = c.builder.build(uid=uid if k == 0 else f"{uid}-c{k}", reward=reward, num_turns=len(c.records),
+                                   finish_reason=finish, messages=msgs, episode_chains=len(chains), **fields)
             out.append((traj, c))
         return out

@@ -247,13 +247,13 @@ class RolloutWorker:
         self.counts["groups_done"] += 1
 
     async def _run_episode(self, sample: Sample) -> None:
-        from asyncrl.agent_loop.base import run_episode
+        from asyncrl.agent_loop.base import run_episode_chains
 
         async with self._episodes:
             attempt, outage_s, error = 0, 0.0, None
             while attempt < self.EPISODE_ATTEMPTS:
                 try:
-                    traj = await run_episode(sample, self.ctx, self.cfg.agent.name)
+                    chains = await run_episode_chains(sample, self.ctx, self.cfg.agent.name)
                     break
                 except asyncio.CancelledError:
                     raise
@@ -280,11 +280,13 @@ class RolloutWorker:
                 self.recent_failed.append(True)
                 await self.producer.report_failed(sample.group_id, sample.group_size, 1)
                 return
-        await self.producer.put(traj)
+        # put together (one coalesced request): the group waits for every chain of a split episode
+        await asyncio.gather(*(self.producer.put(t) for t in chains))
         self.recent_failed.append(False)
         self.counts["episodes"] += 1
-        self.counts["reward_sum"] += traj.reward
-        self._dump(traj)
+        self.counts["reward_sum"] += chains[0].reward
+        for t in chains:
+            self._dump(t)
 
     def _dump(self, traj: Trajectory) -> None:
         frac = self.cfg.trainer.dump_trajectories

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from asyncrl.agent_loop.base import AgentContext, run_episode
+from asyncrl.agent_loop.base import AgentContext, run_episode, run_episode_chains
 from asyncrl.agents.openai_agent import OpenAIAgentError, stop_proxy
 from asyncrl.config import OpenAIAgentConfig
 from asyncrl.env_api import Sample
@@ -99,6 +99,23 @@ async def test_external_command_agent_trains_through_openai_base_url(make_ctx):
     assert traj.reward == 0.25 and traj.metrics["proxy/calls"] == 2 and traj.metrics["proxy/chains"] == 1
     with pytest.raises(OpenAIAgentError, match="exited with 1: agent gave up: no answer"):
         await run_episode(sample(), make_ctx(command=[sys.executable, CMD_AGENT, "fail"]), "openai_agent")
+
+
+async def test_an_agent_with_two_threads_yields_every_chain_in_its_episode_group(plugin_registry, make_ctx):
+    async def two_threads(client: openai.AsyncOpenAI, s: Sample) -> float:
+        await client.chat.completions.create(model="policy", messages=s.messages, max_tokens=4)
+        other = [{"role": "user", "content": "A different question: 2+2?"}]  # not an extension: a new chain
+        await client.chat.completions.create(model="policy", messages=other, max_tokens=4)
+        return 1.0
+
+    plugin_registry.add("openai_agent_fn", "two_threads", two_threads)
+    chains = await run_episode_chains(sample("g0-1"), make_ctx(function="two_threads"), "openai_agent")
+    assert [t.uid for t in chains] == ["g0-1", "g0-1-c1"]
+    assert {(t.group_id, t.sample_index, t.episode_chains) for t in chains} == {("g0", 1, 2)}
+    assert chains[0].messages[0]["content"] == "A different question: 2+2?"  # the chain of the last call first
+    assert chains[1].messages[0]["content"] == "What is 3*4+5?"
+    assert all(t.reward == 1.0 and t.loss_mask.numpy().sum() > 0 for t in chains)
+    assert chains[0].metrics["proxy/chains"] == 2
 
 
 async def test_command_timeout_kills_its_process_group(make_ctx, tmp_path):
