@@ -20,6 +20,7 @@ from .conftest import agent_cfg
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "openai_agent" / "agent.py"
 SEARCH_R1 = EXAMPLE.with_name("search_r1_agent.py")
+LANGGRAPH = EXAMPLE.with_name("langgraph_agent.py")
 
 
 def arithmetic_sample() -> Sample:
@@ -50,6 +51,20 @@ async def test_example_function_agent_calls_the_calculator_and_is_rewarded(plugi
     assert traj.reward == 1.0 and traj.metrics["proxy/tool_calls"] == 1 and traj.metrics["proxy/chains"] == 1
     tool_turn = proxy_tokenizer.decode(engine.calls[1][0][len(engine.calls[0][0]):])
     assert "<|im_start|>tool\n17<|im_end|>" in tool_turn  # the example's calculator answered the model's call
+
+
+async def test_langgraph_react_agent_trains_through_the_proxy_unchanged(plugin_registry, proxy_tokenizer):
+    plugin_registry.load_source(str(LANGGRAPH))
+    engine = scripted(proxy_tokenizer)
+    ctx = AgentContext(engine=engine, tokenizer=proxy_tokenizer, tool_specs=[], env_name="arithmetic",
+                       cfg=agent_cfg(max_turn_tokens=64, openai=OpenAIAgentConfig(function="arithmetic_langgraph")),
+                       reward_fn=resolve_env("arithmetic").reward)
+    traj = await run_with(ctx)
+    # LangGraph sent its history back as received: one trajectory, two calls merged, the tool ran
+    assert traj.reward == 1.0 and traj.metrics["proxy/tool_calls"] == 1 and traj.metrics["proxy/chains"] == 1
+    assert traj.metrics["proxy/calls"] == 2 and traj.metrics["proxy/calls_merged"] == 1
+    tool_turn = proxy_tokenizer.decode(engine.calls[1][0][len(engine.calls[0][0]):])
+    assert "<|im_start|>tool\n17<|im_end|>" in tool_turn  # LangGraph's calculator tool answered the model's call
 
 
 async def test_example_as_external_command(proxy_tokenizer):
