@@ -29,10 +29,10 @@ import ray
 
 from asyncrl.config import Config
 from asyncrl.env_api import load_rows
+from asyncrl.group_ids import parse_group_id
 from asyncrl.job_state import JobState, RolloutPosition, RolloutState, StepResult
 from asyncrl.learner.checkpoint import step_dir
 from asyncrl.learner_group import LearnerGroup
-from asyncrl.rollout.prompts import parse_group_id
 from asyncrl.supervisor import Supervisor
 
 log = logging.getLogger("asyncrl")

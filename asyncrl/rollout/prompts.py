@@ -19,14 +19,14 @@ skips bad rows (`env.skip_bad_rows`), its position is passed over by `next()` an
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from asyncrl.data import DataError
 from asyncrl.dataset import Dataset
+from asyncrl.group_ids import group_id
 from asyncrl.run_dir import check_run_id
 
 log = logging.getLogger(__name__)
@@ -45,34 +45,6 @@ class PromptDraw:
     @property
     def group_id(self) -> str:
         return group_id(self.run_id, self.position, self.retry)
-
-
-class GroupKey(NamedTuple):
-    """What a training group id says: the run that started it, the prompt position, the retry number."""
-
-    run_id: str
-    position: int
-    retry: int
-
-
-def group_id(run_id: str, position: int, retry: int = 0) -> str:
-    """The id of a training group: `<run_id>-g<position>`, or `<run_id>-g<position>r<retry>` for a retry."""
-    check_run_id(run_id, "group id's run id")
-    if position < 0 or retry < 0:
-        raise ValueError(f"group position and retry must be >= 0, got position {position}, retry {retry}")
-    return f"{run_id}-g{position}" if retry == 0 else f"{run_id}-g{position}r{retry}"
-
-
-_GROUP_ID = re.compile(r"([0-9a-z]{1,16})-g(0|[1-9][0-9]{0,17})(?:r([1-9][0-9]{0,17}))?")
-
-
-def parse_group_id(group_id: str) -> GroupKey:
-    """The `GroupKey` of a training group id (`PromptDraw.group_id`); ValueError naming it otherwise."""
-    m = _GROUP_ID.fullmatch(group_id) if isinstance(group_id, str) else None
-    if m is None:
-        raise ValueError(f"group id {group_id!r} is not a training group id "
-                         f"(<run_id>-g<position> or <run_id>-g<position>r<retry>)")
-    return GroupKey(m.group(1), int(m.group(2)), int(m.group(3) or 0))
 
 
 class PromptSource:

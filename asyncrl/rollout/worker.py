@@ -38,9 +38,10 @@ from asyncrl.data import DataError
 from asyncrl.dataset import Dataset
 from asyncrl.engine.base import GenerateResult, Generator, SamplingParams
 from asyncrl.env_api import Sample
+from asyncrl.group_ids import parse_group_id
 from asyncrl.job_state import EpisodeError, RolloutPosition, RolloutState
 from asyncrl.rollout.admission import StalenessGate
-from asyncrl.rollout.prompts import PromptDraw, PromptSource, parse_group_id
+from asyncrl.rollout.prompts import PromptDraw, PromptSource
 from asyncrl.schema import NonFiniteRewardError, Trajectory
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,7 @@
 import pytest
 
-from asyncrl.rollout.prompts import GroupKey, PromptSource, group_id, parse_group_id
+from asyncrl.group_ids import GroupKey, group_id, parse_group_id
+from asyncrl.rollout.prompts import PromptSource
 from asyncrl.run_dir import check_run_id, new_run_id
 
 ROWS = [{"i": i} for i in range(5)]
