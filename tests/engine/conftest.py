@@ -41,12 +41,20 @@ def tiny_model(engine_model_dir):
 
 @pytest.fixture(scope="session")
 def engine(engine_model_dir):
-    """One shared embedded engine server (port 0, one torch thread). Tests must not change its weights."""
+    """One shared embedded engine server (port 0, one torch thread). Tests must not change its weights;
+    a test that changes its version or pauses it puts them back, and a leak fails here at the end."""
     from asyncrl.engine.launcher import launch_embedded
 
     proc = launch_embedded(engine_model_dir, max_running_seqs=16, threads=1, startup_timeout_s=120)
-    yield proc
-    proc.stop()
+    try:
+        yield proc
+        left = {"version": httpx.get(proc.url + "/model_info", timeout=30).json()["weight_version"],
+                "paused": httpx.get(proc.url + "/stats", timeout=30).json()["paused"],
+                "session_open": httpx.get(proc.url + "/weight_sync_info", timeout=30,
+                                          headers=auth_headers()).json()["session_open"]}
+        assert left == {"version": "0", "paused": False, "session_open": False}, f"the shared engine was left changed: {left}"
+    finally:
+        proc.stop()
 
 
 @pytest.fixture(scope="session")

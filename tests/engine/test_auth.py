@@ -5,6 +5,7 @@ engine's weight roots; a non-loopback bind without a token never serves."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import os
@@ -78,19 +79,22 @@ def _guarded(model_dir, allowed):
     return launch_embedded(model_dir, threads=1, weight_version=5, startup_timeout_s=120, weights_dirs=[allowed])
 
 
-@pytest.fixture()
-def guarded(engine_model_dir, tmp_path):
-    """An engine of its own (the test ends by changing it) whose only extra weight root is tmp_path/allowed."""
-    with _guarded(engine_model_dir, tmp_path / "allowed") as proc:
-        yield proc, tmp_path / "allowed"
-
-
 @pytest.fixture(scope="module")
-def unchanged(engine_model_dir, tmp_path_factory):
-    """A shared engine for tests whose hostile calls must change nothing (each checks its state first)."""
+def shared_guarded(engine_model_dir, tmp_path_factory):
+    """One engine for the module's tests (a launch is seconds to tens of seconds on 2 cores), at
+    weight_version 5, whose only extra weight root is `allowed`; with its state as launched."""
     allowed = tmp_path_factory.mktemp("roots") / "allowed"
     with _guarded(engine_model_dir, allowed) as proc:
-        yield proc, allowed
+        yield proc, allowed, asyncio.run(state(proc.url))
+
+
+@pytest.fixture()
+def unchanged(shared_guarded):
+    """The shared engine, for tests whose hostile calls must change nothing (each checks its state
+    first) or that put back what they changed; checked after each test to be as launched."""
+    proc, allowed, launched = shared_guarded
+    yield proc, allowed
+    assert asyncio.run(state(proc.url)) == launched, "a test left the shared engine changed"
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -160,9 +164,10 @@ CONTROL = [  # every route that changes the engine, each with a body that would 
 
 
 @pytest.mark.timeout(240)
-async def test_control_routes_refuse_callers_without_the_token_and_change_nothing(guarded, other_weights, tmp_path):
-    eng, allowed = guarded
-    inside = shutil.copytree(other_weights, allowed / "v6")
+async def test_control_routes_refuse_callers_without_the_token_and_change_nothing(unchanged, other_weights,
+                                                                                  engine_model_dir, tmp_path):
+    eng, allowed = unchanged
+    inside = shutil.copytree(other_weights, allowed / f"control-{tmp_path.name}")
     before = await state(eng.url)
     assert before["version"] == "5" and not before["paused"] and before["groups"] == []
     marker = tmp_path / "pwned"
@@ -175,10 +180,14 @@ async def test_control_routes_refuse_callers_without_the_token_and_change_nothin
     assert await state(eng.url) == before and not marker.exists()
 
     # the same disk load with the token does change the engine: the refusals above were the gate's
-    r = await post(eng.url, "/update_weights_from_disk", bodies["/update_weights_from_disk"])
-    assert r.status_code == 200 and r.json()["success"] is True, r.text
-    after = await state(eng.url)
-    assert after["version"] == "99" and after["output_ids"] != before["output_ids"]
+    try:
+        r = await post(eng.url, "/update_weights_from_disk", bodies["/update_weights_from_disk"])
+        assert r.status_code == 200 and r.json()["success"] is True, r.text
+        after = await state(eng.url)
+        assert after["version"] == "99" and after["output_ids"] != before["output_ids"]
+    finally:  # the launch weights (the model directory is a weight root) and version back on the shared engine
+        r = await post(eng.url, "/update_weights_from_disk", {"model_path": str(engine_model_dir), "weight_version": "5"})
+        assert r.status_code == 200 and r.json()["success"] is True, r.text
 
 
 @pytest.mark.timeout(240)

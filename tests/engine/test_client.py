@@ -192,27 +192,26 @@ def test_parse_version_names_the_value():
 
 
 @pytest.mark.timeout(180)
-async def test_partial_rollout_continues_across_a_sync_in_abort_mode(engine_model_dir, tiny_model, tmp_path):
+async def test_partial_rollout_continues_across_a_sync_in_abort_mode(engine, engine_model_dir, tiny_model):
     """trainer.weight_sync.mode=abort: the engine is paused with mode abort mid-generation, gets new
     weights and continues. The client continues the aborted generation from its partial output on the
-    new weights: one result, each token's version and logprob kept, the budget respected."""
-    from asyncrl.engine.launcher import launch_embedded
-
+    new weights: one result, each token's version and logprob kept, the budget respected.
+    On the shared engine: the "new" weights are its own checkpoint (the greedy path stays checkable), and
+    its version goes back to 0 afterwards."""
     n = 400
-    eng = launch_embedded(engine_model_dir, threads=1, startup_timeout_s=120, weights_dirs=[tmp_path])
     try:
-        async with EngineClient(eng.url, max_abort_rounds=4) as c:
+        async with EngineClient(engine.url, max_abort_rounds=4) as c:
             prompt = [3, 1, 4, 1, 5]
+            start = (await stats(engine.url))["tokens_out"]
             task = asyncio.create_task(c.generate(prompt, SamplingParams(temperature=0, max_new_tokens=n,
                                                                           min_new_tokens=n), rid="ep-t1"))
-            await wait_tokens(eng.url, 5)
-            await post(eng.url, "/pause_generation", {"mode": "abort"})
-            # the sync: new weights (here the same tensors, so the greedy path stays checkable) at version 1
-            ckpt = tmp_path / "w"
-            tiny_model.save_pretrained(ckpt, safe_serialization=True)
-            r = await post(eng.url, "/update_weights_from_disk", {"model_path": str(ckpt), "weight_version": "1"})
+            await wait_tokens(engine.url, start + 5)
+            await post(engine.url, "/pause_generation", {"mode": "abort"})
+            # the sync: the same tensors again (the model directory is a weight root) at version 1
+            r = await post(engine.url, "/update_weights_from_disk",
+                           {"model_path": str(engine_model_dir), "weight_version": "1"})
             assert r.status_code == 200, r.text
-            await post(eng.url, "/continue_generation", {})
+            await post(engine.url, "/continue_generation", {})
             res = await task
         assert res.finish_reason == "length" and len(res.output_ids) == n and c.continued >= 1
         assert len(res.logprobs) == len(res.versions) == n
@@ -222,8 +221,10 @@ async def test_partial_rollout_continues_across_a_sync_in_abort_mode(engine_mode
         ref = teacher_forced_logprobs(tiny_model, prompt, res.output_ids, 0)
         assert max(abs(a - b) for a, b in zip(res.logprobs, ref)) < 1e-3
         assert res.weight_version == 1
-    finally:
-        eng.stop()
+    finally:  # the shared engine back to version 0, generating
+        await post(engine.url, "/continue_generation", {})
+        r = await post(engine.url, "/update_weights_from_disk", {"model_path": str(engine_model_dir), "weight_version": "0"})
+        assert r.status_code == 200 and r.json()["success"] is True, r.text
 
 
 @pytest.mark.timeout(60)

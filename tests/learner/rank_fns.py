@@ -13,14 +13,16 @@ FSDP_BATCH = dict(seed=3, groups=2, per_group=3)
 
 
 def train_and_dump(rank: int, world_size: int, model_dir: str, out_dir: str) -> None:
-    """One train_step on the shared batch; rank 0 dumps metrics and the full updated parameters."""
+    """One train_step on the shared batch; rank 0 dumps metrics and the full updated parameters. The
+    checkpoint and HF export are written only by the sharded run (world_size > 1): the test loads those."""
     from asyncrl.learner.worker import LearnerWorker
 
     out = Path(out_dir)
     worker = LearnerWorker(make_cfg(model_dir, **FSDP_ALGO), rank=rank, world_size=world_size)
     metrics = worker.train_step(make_batch(**FSDP_BATCH))
     params = {name: t.clone() for bucket in worker.iter_full_params(1 << 18) for name, t in bucket}
-    worker.save_checkpoint(str(out / f"ckpt_w{world_size}"), {"world": world_size})
-    worker.export_hf(str(out / f"hf_w{world_size}"))
+    if world_size > 1:
+        worker.save_checkpoint(str(out / f"ckpt_w{world_size}"), {"world": world_size})
+        worker.export_hf(str(out / f"hf_w{world_size}"))
     if rank == 0:
         torch.save({"metrics": metrics, "params": params}, out / f"result_w{world_size}.pt")

@@ -12,12 +12,15 @@ after a sync tests/weight_sync/test_sync.py checks token by token.
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
 import torch
+from safetensors import safe_open
 
 from asyncrl.engine.auth import auth_headers
 from asyncrl.engine.base import SamplingParams
@@ -37,6 +40,7 @@ pytestmark = pytest.mark.timeout(180)
 class Engine:
     kind: str  # "sglang" (SGLang's app, recorder backend) | "embedded"
     url: str
+    weights_dir: Path  # where a disk sync may write (the embedded engine loads only below it)
     tm: WeightRecorder | None = None  # the recorder, for the sglang variant
 
     async def decoding(self) -> bool:
@@ -54,19 +58,41 @@ def model_runner() -> Iterator[ModelRunner]:
     runner.close()
 
 
+@pytest.fixture(scope="module")
+def embedded_engine(tiny_model_dir, tmp_path_factory) -> Iterator[tuple[str, Path]]:
+    """One embedded engine process for the module's embedded variants (a launch costs seconds to tens of
+    seconds on 2 cores); `engine` puts it back to the tiny model's weights at version 0 after each test."""
+    root = tmp_path_factory.mktemp("embedded_weights")
+    proc = launch_embedded(tiny_model_dir, threads=1, weights_dirs=[root])
+    try:
+        yield proc.url, root
+    finally:
+        proc.stop()
+
+
+def original_held(tiny_model_dir: Path) -> dict[str, torch.Tensor]:
+    """The tiny model's own values of the HELD tensors (what the shared engine starts with)."""
+    with safe_open(str(tiny_model_dir / "model.safetensors"), "pt") as f:
+        return {n: f.get_tensor(n).float() for n in HELD}
+
+
 @pytest.fixture(params=[pytest.param("sglang", marks=[pytest.mark.sglang, skip_without_sglang]), "embedded"])
-def engine(request) -> Iterator[Engine]:
+def engine(request, tmp_path) -> Iterator[Engine]:
     if request.param == "sglang":
         tm = WeightRecorder(request.getfixturevalue("sglang_config"), request.getfixturevalue("model_runner"))
         with SGLangApp(tm) as app:
-            yield Engine("sglang", app.url, tm)
+            yield Engine("sglang", app.url, tmp_path, tm)
         return
-    proc = launch_embedded(request.getfixturevalue("tiny_model_dir"), threads=1,
-                           weights_dirs=[request.getfixturevalue("tmp_path")])  # the disk test writes there
-    try:
-        yield Engine("embedded", proc.url)
-    finally:
-        proc.stop()
+    url, root = request.getfixturevalue("embedded_engine")
+    weights_dir = Path(tempfile.mkdtemp(dir=root))  # below the engine's weights root, fresh per test
+    yield Engine("embedded", url, weights_dir)
+    # whatever the test did (version, weights, a session or pause left open), the next test finds the
+    # engine as launched: the sender ends a stale session and always continues generation; then checked
+    restore = WeightSender(DiskTransport(str(weights_dir / "restore"), timeout_s=60), timeout_s=60)
+    original = original_held(request.getfixturevalue("tiny_model_dir"))
+    report = asyncio.run(synced(Engine("embedded", url, weights_dir), restore, original, 0))
+    assert report.ok, f"could not put the shared embedded engine back to version 0: {report}"
+    assert_idle_at(Engine("embedded", url, weights_dir), 0)
 
 
 def tensors(seed: int) -> dict[str, torch.Tensor]:
@@ -176,11 +202,11 @@ async def test_control_routes_need_the_token_and_generation_stays_open(engine):
     assert_idle_at(engine, 0)  # nothing changed; /generate answers without a token
 
 
-async def test_disk_sync_needs_no_session(engine, tmp_path):
+async def test_disk_sync_needs_no_session(engine):
     sent = tensors(4)
-    sender = WeightSender(DiskTransport(str(tmp_path), timeout_s=60), timeout_s=60)
+    sender = WeightSender(DiskTransport(str(engine.weights_dir), timeout_s=60), timeout_s=60)
     report = await synced(engine, sender, sent, 4)
-    assert report.ok and report.buckets == 2 and (tmp_path / "v4" / "model.safetensors.index.json").is_file()
+    assert report.ok and report.buckets == 2 and (engine.weights_dir / "v4" / "model.safetensors.index.json").is_file()
     assert_idle_at(engine, 4)
     assert_holds(engine, sent)
 

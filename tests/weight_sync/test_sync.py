@@ -4,7 +4,9 @@ the SGLang 0.5 contract (sessions, string versions, HTTP 400 refusals) on the wi
 
 Every test stands alone: tests that need engines in a known state or that kill engines launch their
 own (`fresh`); tests on the shared pair (`shared`) first sync the learner's full weights and assert
-only what that sync decides, so neither order nor the other tests matter.
+only what that sync decides; tests on the base engine (`untouched`) only send refusals or open and end
+a session, and the fixture checks after each that it is still as launched. Neither order nor the other
+tests matter.
 """
 
 from __future__ import annotations
@@ -86,18 +88,22 @@ def learner(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def outputs(learner, tiny_model_dir, tmp_path_factory):
-    """(greedy outputs of the base weights, of the learner's weights): from fresh engines on the base
-    model and on the learner's HF export."""
+def base_engine(tiny_model_dir):
+    """An engine on the base weights that no test changes: `outputs` reads the base greedy outputs from
+    it, `untouched` lends it to tests of refusals (checked after each that it is still as launched)."""
+    proc = launch_embedded(tiny_model_dir, threads=1)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def outputs(learner, base_engine, tmp_path_factory):
+    """(greedy outputs of the base weights, of the learner's weights): from the untouched base engine
+    and from a fresh engine on the learner's HF export."""
     export = tmp_path_factory.mktemp("export")
     learner.export_hf(str(export))
-    with ThreadPoolExecutor(2) as ex:
-        procs = list(ex.map(lambda d: launch_embedded(d, threads=1), [tiny_model_dir, export]))
-    try:
-        base, ref = greedy(procs[0].url), greedy(procs[1].url)
-    finally:
-        for p in procs:
-            p.stop()
+    with launch_embedded(export, threads=1) as proc:
+        base, ref = greedy(base_engine.url), greedy(proc.url)
     assert base != ref  # otherwise the token checks below could not fail
     return base, ref
 
@@ -118,12 +124,14 @@ def shared(tiny_model_dir, disk_root):
         p.stop()
 
 
-@pytest.fixture(scope="module")
-def untouched(tiny_model_dir):
-    """An engine whose weights and state no test changes (hostile requests only)."""
-    proc = launch_embedded(tiny_model_dir, threads=1)
-    yield proc
-    proc.stop()
+@pytest.fixture()
+def untouched(base_engine, outputs):
+    """The base engine, for tests that send it refusals only (or open and end a session); afterwards it
+    must still be as launched (version 0, no session, not paused, base greedy outputs), else it fails here."""
+    yield base_engine
+    url = base_engine.url
+    state = (version_of(url), info(url)["session_open"], paused(url), greedy(url) == outputs[0])
+    assert state == ("0", False, False, True), f"a test left the shared base engine changed: {state}"
 
 
 @pytest.fixture()
@@ -200,22 +208,25 @@ async def test_refused_bucket_raises_ends_the_session_and_keeps_the_group(shared
     assert all(version_of(u) == "21" for u in urls)
 
 
-async def test_updates_outside_a_session_are_refused_with_400(fresh):
-    (eng,) = fresh(1)
-    url = eng.url
+async def test_updates_outside_a_session_are_refused_with_400(untouched):
+    url = untouched.url
     dist = {"names": [], "dtypes": [], "shapes": [], "group_name": "g", "weight_version": "5"}
     tensor = {"serialized_named_tensors": ["AA=="], "weight_version": "5"}
     for path, body in [("/update_weights_from_distributed", dist), ("/update_weights_from_tensor", tensor),
                        ("/end_weight_update", {})]:
         r = httpx.post(url + path, json=body, timeout=10, headers=auth_headers())
         assert r.status_code == 400 and r.json()["success"] is False, (path, r.text)
-    assert httpx.post(url + "/begin_weight_update", json={}, timeout=10, headers=auth_headers()).status_code == 200
-    second = httpx.post(url + "/begin_weight_update", json={}, timeout=10, headers=auth_headers())
-    assert second.status_code == 400 and second.json()["success"] is False
-    # inside the session: no such group is a refusal too (before any broadcast)
-    r = httpx.post(url + "/update_weights_from_distributed", json=dist, timeout=10, headers=auth_headers())
-    assert r.status_code == 400 and r.json()["success"] is False
-    assert httpx.post(url + "/end_weight_update", json={}, timeout=10, headers=auth_headers()).status_code == 200
+    try:
+        assert httpx.post(url + "/begin_weight_update", json={}, timeout=10, headers=auth_headers()).status_code == 200
+        second = httpx.post(url + "/begin_weight_update", json={}, timeout=10, headers=auth_headers())
+        assert second.status_code == 400 and second.json()["success"] is False
+        # inside the session: no such group is a refusal too (before any broadcast)
+        r = httpx.post(url + "/update_weights_from_distributed", json=dist, timeout=10, headers=auth_headers())
+        assert r.status_code == 400 and r.json()["success"] is False
+        assert httpx.post(url + "/end_weight_update", json={}, timeout=10, headers=auth_headers()).status_code == 200
+    finally:  # a failure above must not leave the shared engine's session open
+        if info(url)["session_open"]:
+            httpx.post(url + "/end_weight_update", json={}, timeout=10, headers=auth_headers())
     assert version_of(url) == "0" and not info(url)["session_open"]
 
 
@@ -262,8 +273,8 @@ async def test_killed_engine_is_left_out_and_the_survivor_is_closed_and_resumed(
     assert greedy(a.url) == outputs[1]
 
 
-async def test_a_session_left_open_by_a_dead_sender_is_closed_and_reopened(fresh, learner, outputs):
-    (eng,) = fresh(1)
+async def test_a_session_left_open_by_a_dead_sender_is_closed_and_reopened(shared, learner, outputs):
+    eng = shared[0]  # the sync below sets all its weights, as every test on `shared` does
     assert httpx.post(eng.url + "/begin_weight_update", json={}, timeout=10, headers=auth_headers()).status_code == 200
     report = await full_sync(learner, [eng.url], 3)
     assert report.ok and version_of(eng.url) == "3" and greedy(eng.url) == outputs[1]
