@@ -33,6 +33,8 @@ from typing import Optional
 
 import msgspec
 
+from asyncrl.durable import fsync_dir
+
 log = logging.getLogger("asyncrl")
 
 LOCK_FILE = "run.lock"
@@ -191,11 +193,7 @@ def write_record(directory: Path, rec: RunRecord) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, p)
-    fd = os.open(p.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(p.parent)
 
 
 class VersionLog:

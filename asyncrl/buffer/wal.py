@@ -51,6 +51,8 @@ from pathlib import Path
 
 import msgspec
 
+from asyncrl.durable import fsync_dir
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"\xa7RLw"
@@ -312,14 +314,6 @@ class _Compaction:
     future: Future
 
 
-def _fsync_dir(d: Path) -> None:
-    dfd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 class WriteAheadLog:
     """Append-only record log in `directory`/buffer.wal with a configurable fsync policy."""
 
@@ -394,7 +388,7 @@ class WriteAheadLog:
                                      for d in rep.damaged) or "none",
                         f"; lost uids named by served batches: {rep.lost_uids}" if rep.lost_uids else "")
         os.replace(tmp, self.path)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
 
     def _quarantine(self) -> Path:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -407,7 +401,7 @@ class WriteAheadLog:
             shutil.copyfile(self.path, q)
             with open(q, "rb") as f:
                 os.fsync(f.fileno())
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         return q
 
     @staticmethod
@@ -501,7 +495,7 @@ class WriteAheadLog:
             self._pool.submit(lambda: None).result()
         try:
             os.replace(tmp, self.path)
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
         except OSError as e:
             os.close(c.fd)
             raise _io_error("compaction rename", e, self.path) from e

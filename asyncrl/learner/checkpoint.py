@@ -36,6 +36,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from asyncrl.durable import fsync_dir
+
 MARKER = "COMPLETE"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -112,14 +114,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write(path: Path, obj: Any) -> None:
     with open(path, "wb") as f:
         torch.save(obj, f)
@@ -150,13 +144,13 @@ def save(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
             f.write("ok\n")
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         old = final.with_name(final.name + ".old")
         if final.exists():
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)
         os.replace(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
         shutil.rmtree(old, ignore_errors=True)
     _barrier()
     return final
