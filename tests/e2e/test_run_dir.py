@@ -12,22 +12,15 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+
+from .test_train import _kill_tree, _overrides
 
 pytestmark = [pytest.mark.timeout(600)]
 
 
 def _args(model_dir: Path, out: Path, **extra: object) -> list[str]:
-    base = {
-        "model": "custom", "model.path": str(model_dir), "trainer.output_dir": str(out),
-        "trainer.batch_groups": 2, "algorithm.n_samples": 2, "algorithm.max_staleness": 1, "algorithm.lr": 1e-3,
-        "agent.max_turn_tokens": 12, "agent.max_response_tokens": 40, "agent.max_assistant_turns": 2,
-        "env.num_train": 64, "env.num_val": 4, "trainer.wandb": "off", "trainer.progress": False,
-        "engine.max_running_seqs": 8, "algorithm.micro_batch_tokens": 2048, "ray.num_cpus": 4,
-    }
-    base.update(extra)
-    return [sys.executable, "-m", "asyncrl.cli", "train", *(f"{k}={v}" for k, v in base.items())]
+    return [sys.executable, "-m", "asyncrl.cli", "train", *_overrides(model_dir, out, **extra)]
 
 
 def _env() -> dict[str, str]:
@@ -37,23 +30,6 @@ def _env() -> dict[str, str]:
 def _trained(out: Path) -> list[dict]:
     p = out / "trained_uids.jsonl"
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the run and every process it started (found from its pid; nothing else on the host)."""
-    try:
-        tree = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        tree = []
-    if proc.poll() is None:
-        proc.kill()
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(tree, timeout=30)
-    proc.wait(timeout=30)
 
 
 def test_a_live_run_keeps_its_dir_and_a_killed_one_is_set_aside_by_resume_auto(tiny_model_dir, tmp_path):

@@ -34,6 +34,13 @@ def scripted(tok) -> ScriptedEngine:
                                 "3*4+5 = 17.\nAnswer: 17"])
 
 
+def arithmetic_ctx(engine: ScriptedEngine, tokenizer, **openai_kw) -> AgentContext:
+    """The arithmetic env's context for `agent=openai_agent` with the agent `openai_kw` names."""
+    return AgentContext(engine=engine, tokenizer=tokenizer, tool_specs=[], env_name="arithmetic",
+                        cfg=agent_cfg(max_turn_tokens=64, openai=OpenAIAgentConfig(**openai_kw)),
+                        reward_fn=resolve_env("arithmetic").reward)
+
+
 async def run_with(ctx: AgentContext, sample: Sample | None = None):
     try:
         return await run_episode(sample or arithmetic_sample(), ctx, "openai_agent")
@@ -44,9 +51,7 @@ async def run_with(ctx: AgentContext, sample: Sample | None = None):
 async def test_example_function_agent_calls_the_calculator_and_is_rewarded(plugin_registry, proxy_tokenizer):
     plugin_registry.load_source(str(EXAMPLE))
     engine = scripted(proxy_tokenizer)
-    ctx = AgentContext(engine=engine, tokenizer=proxy_tokenizer, tool_specs=[], env_name="arithmetic",
-                       cfg=agent_cfg(max_turn_tokens=64, openai=OpenAIAgentConfig(function="arithmetic_calculator")),
-                       reward_fn=resolve_env("arithmetic").reward)
+    ctx = arithmetic_ctx(engine, proxy_tokenizer, function="arithmetic_calculator")
     traj = await run_with(ctx)
     assert traj.reward == 1.0 and traj.metrics["proxy/tool_calls"] == 1 and traj.metrics["proxy/chains"] == 1
     tool_turn = proxy_tokenizer.decode(engine.calls[1][0][len(engine.calls[0][0]):])
@@ -56,9 +61,7 @@ async def test_example_function_agent_calls_the_calculator_and_is_rewarded(plugi
 async def test_langgraph_react_agent_trains_through_the_proxy_unchanged(plugin_registry, proxy_tokenizer):
     plugin_registry.load_source(str(LANGGRAPH))
     engine = scripted(proxy_tokenizer)
-    ctx = AgentContext(engine=engine, tokenizer=proxy_tokenizer, tool_specs=[], env_name="arithmetic",
-                       cfg=agent_cfg(max_turn_tokens=64, openai=OpenAIAgentConfig(function="arithmetic_langgraph")),
-                       reward_fn=resolve_env("arithmetic").reward)
+    ctx = arithmetic_ctx(engine, proxy_tokenizer, function="arithmetic_langgraph")
     traj = await run_with(ctx)
     # LangGraph sent its history back as received: one trajectory, two calls merged, the tool ran
     assert traj.reward == 1.0 and traj.metrics["proxy/tool_calls"] == 1 and traj.metrics["proxy/chains"] == 1
@@ -69,9 +72,7 @@ async def test_langgraph_react_agent_trains_through_the_proxy_unchanged(plugin_r
 
 async def test_example_as_external_command(proxy_tokenizer):
     engine = scripted(proxy_tokenizer)
-    ctx = AgentContext(engine=engine, tokenizer=proxy_tokenizer, tool_specs=[], env_name="arithmetic",
-                       cfg=agent_cfg(max_turn_tokens=64, openai=OpenAIAgentConfig(command=[sys.executable, str(EXAMPLE)])),
-                       reward_fn=resolve_env("arithmetic").reward)
+    ctx = arithmetic_ctx(engine, proxy_tokenizer, command=[sys.executable, str(EXAMPLE)])
     traj = await run_with(ctx)
     assert traj.reward == 1.0 and traj.metrics["proxy/calls"] == 2
 

@@ -16,6 +16,8 @@ from asyncrl.dataset import open_dataset
 from asyncrl.rollout.worker import RolloutWorker
 from tests.agents.scripted_engine import ScriptedEngine
 
+from .worker_harness import controller_round, stop
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -40,18 +42,11 @@ async def test_a_bad_row_fails_its_group_naming_file_and_row_and_the_worker_goes
         while not (dropped and worker.counts["episodes"] >= 2):
             assert not run.done(), run
             assert loop.time() < deadline, f"dropped {dropped}, counts {worker.counts}"
-            await asyncio.to_thread(consumer.set_version, 0)
-            taken = svc.take_dropped()
-            dropped.extend(taken)
-            if taken:
-                await worker.groups_dropped([gid for gid, _ in taken])
+            await controller_round(svc, consumer, worker, dropped)
             await asyncio.sleep(0.1)
         st = worker.state()
     finally:
-        worker.stop()
-        await asyncio.wait_for(run, 30)
-        consumer.close()
-        svc.stop()
+        await stop(worker, run, consumer, svc)
 
     assert dropped[0] == (f"t-g{bad_position}", "failed")
     (err,) = [e for e in st.errors if "rows.jsonl" in e.message]

@@ -19,6 +19,8 @@ from asyncrl.config import BufferConfig, load_config
 from asyncrl.rollout.worker import RolloutWorker
 from tests.agents.scripted_engine import ScriptedEngine
 
+from .worker_harness import controller_round, stop
+
 pytestmark = pytest.mark.timeout(120)
 
 ROWS = [{"prompt": [{"role": "user", "content": f"What is {i} + {i}?"}], "reward_model": {"ground_truth": str(2 * i)},
@@ -47,26 +49,18 @@ async def test_a_dropped_group_returns_its_budget_and_is_reissued_then_skipped(t
     run = asyncio.create_task(worker.run())
     reported: list[tuple[str, str]] = []
     try:
-        async def controller_round() -> bool:  # what Fleet.next_batch does while it waits
-            await asyncio.to_thread(consumer.set_version, 0)  # a parked GET would do the same
-            taken = svc.take_dropped()
-            reported.extend(taken)
-            if taken:
-                await worker.groups_dropped([gid for gid, _ in taken])
-            return worker.counts["groups_started"] >= 4
-
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 90
-        while not await controller_round():
+        while True:
+            await controller_round(svc, consumer, worker, reported)
+            if worker.counts["groups_started"] >= 4:
+                break
             assert not run.done(), run
             assert loop.time() < deadline, f"no 4th group started; reported so far: {reported}"
             await asyncio.sleep(0.1)
         st = worker.state()
     finally:
-        worker.stop()
-        await asyncio.wait_for(run, 30)
-        consumer.close()
-        svc.stop()
+        await stop(worker, run, consumer, svc)
 
     assert reported == [(f"{RUN}-g0", "failed"), (f"{RUN}-g0r1", "failed"), (f"{RUN}-g0r2", "failed")]
     pos = st.position
