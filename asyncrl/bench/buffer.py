@@ -201,6 +201,44 @@ def run_zmq(a) -> tuple[float, int]:
     return dt, got
 
 
+def run_zmq_log(a) -> tuple[float, int]:
+    """(d) the raw transport of (c) plus only what any durable log must do: the receiver appends every
+    message (a 4-byte length, then the bytes) to a file and fdatasyncs once per drained round (the WAL's
+    ``fsync=batched`` policy). No checksum, no decode, no validation, no ack: the ceiling of a buffer that
+    writes each trajectory to disk before it is counted, on this machine's disk."""
+    per = _per_producer(a)
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PULL)
+    port = s.bind_to_random_port("tcp://127.0.0.1")
+    logdir = tempfile.mkdtemp(prefix="asyncrl-bench-log-")
+    fd = os.open(os.path.join(logdir, "raw.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    procs, barrier = _start(_zmq_producer, lambda k: (f"tcp://127.0.0.1:{port}", k, per, a.tokens, a.group_size),
+                            a.producers, a.producers + 1)
+    try:
+        barrier.wait()
+        t0 = time.perf_counter()
+        got = 0
+        while got < per * a.producers:
+            parts = [s.recv(copy=False)]
+            while len(parts) < 256:  # drain what is there: one write and one fdatasync per round
+                try:
+                    parts.append(s.recv(zmq.NOBLOCK, copy=False))
+                except zmq.Again:
+                    break
+            os.writev(fd, [b for m in parts for b in (len(m.buffer).to_bytes(4, "little"), m.buffer)])
+            os.fdatasync(fd)
+            got += len(parts)
+        dt = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        shutil.rmtree(logdir, ignore_errors=True)
+    for p in procs:
+        p.join(30)
+    s.close(linger=0)
+    ctx.term()
+    return dt, got
+
+
 def run_ray(a) -> tuple[float, int]:
     @ray.remote
     class RayQueue:  # the shape of verl's async message queue: put one, get many
@@ -313,7 +351,8 @@ def run(args: argparse.Namespace) -> dict:
     size = len(template(args.tokens))
     out: dict = {"trajectory_bytes": size, "trajectories": _per_producer(args) * args.producers, "producers": args.producers,
                  "fsync": args.fsync, "cpus": os.cpu_count()}
-    for name, fn in (("zmq", run_zmq), ("asyncrl", run_asyncrl), ("ray", None if args.skip_ray else run_ray)):
+    for name, fn in (("zmq", run_zmq), ("zmq_log", run_zmq_log), ("asyncrl", run_asyncrl),
+                     ("ray", None if args.skip_ray else run_ray)):
         if fn is None:
             continue
         dt, n = fn(args)
@@ -322,4 +361,6 @@ def run(args: argparse.Namespace) -> dict:
     if "ray_traj_per_s" in out:
         out["a_over_b"] = round(out["asyncrl_traj_per_s"] / out["ray_traj_per_s"], 2)
     out["a_over_c"] = round(out["asyncrl_traj_per_s"] / out["zmq_traj_per_s"], 3)
+    out["d_over_c"] = round(out["zmq_log_traj_per_s"] / out["zmq_traj_per_s"], 3)
+    out["a_over_d"] = round(out["asyncrl_traj_per_s"] / out["zmq_log_traj_per_s"], 3)
     return out
