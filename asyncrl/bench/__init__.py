@@ -1,6 +1,8 @@
 """`asyncrl bench NAME`: each benchmark is a module asyncrl/bench/NAME.py with `add_arguments(parser)`
 and `run(args) -> dict`. The dict is printed as one JSON line; it always holds a ratio against a
-baseline measured in the same run, because absolute times on shared machines drift."""
+baseline measured in the same run, because absolute times on shared machines drift. Comparisons run
+their sides interleaved over rounds and report medians (asyncrl/bench/rounds.py); every line also
+carries the machine's CPU count and its load average when the bench started and ended."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import importlib
 import json
 import pkgutil
 import sys
+
+from asyncrl.bench.rounds import machine
 
 RAW_ARGS = True
 
@@ -34,6 +38,10 @@ def main(args: argparse.Namespace) -> int:
     module = importlib.import_module(f"{__name__}.{name}")
     parser = argparse.ArgumentParser(prog=f"asyncrl bench {name}", description=module.__doc__)
     module.add_arguments(parser)
-    result = module.run(parser.parse_args(rest))
-    print(json.dumps({"bench": name, **result}), flush=True)
+    parsed = parser.parse_args(rest)
+    start = machine()
+    result = module.run(parsed)
+    end = machine()
+    print(json.dumps({"bench": name, **result, "cpus": start["cpus"], "loadavg_start": start["loadavg_1m"],
+                      "loadavg_end": end["loadavg_1m"]}), flush=True)
     return 0

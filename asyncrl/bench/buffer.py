@@ -10,8 +10,11 @@ readable conversation, ~30 KB):
       producers (Ray actors) calling ``ray.get(queue.put.remote(payload))``, the consumer polling
       ``ray.get(queue.get.remote(n))``;
   (c) raw pyzmq PUSH -> PULL of the same bytes, no log, no ack: the ceiling.
+  (d) (c) whose receiver appends every message to a file and fdatasyncs once per drained round: the
+      ceiling of any buffer that logs a trajectory before counting it.
 Time runs from the moment all producers are released until the consumer holds every trajectory.
-Reports trajectories/s and MB/s of each, and the ratios a/b and a/c.
+The sides run interleaved for ``--rounds`` rounds (asyncrl/bench/rounds.py); reports the median
+trajectories/s of each with its spread, MB/s, and the ratios of medians a/b, a/c, d/c and a/d.
 
 ``--scale N``: instead, N small training trajectories (groups of 4, ids ``bench-g<p>-<i>``) go through
 put / get / commit in rounds against the buffer process, and the line reports the buffer process's RSS
@@ -25,6 +28,7 @@ import asyncio
 import multiprocessing as mp
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,6 +39,7 @@ import numpy as np
 import ray
 import zmq
 
+from asyncrl.bench.rounds import MIN_ROUNDS, interleave, ratio, summary
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer
 from asyncrl.net import free_port
 from asyncrl.schema import Array, Trajectory, encode
@@ -52,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="concurrent puts per asyncrl producer (a worker's concurrent agent loops)")
     parser.add_argument("--fsync", choices=("each", "batched", "off"), default="batched")
     parser.add_argument("--skip-ray", action="store_true")
+    parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="interleaved rounds; medians are reported")
     parser.add_argument("--scale", type=int, default=0,
                         help="N > 0: carry N small trajectories through put/get/commit and report the buffer's RSS")
 
@@ -349,18 +355,26 @@ def run(args: argparse.Namespace) -> dict:
     if args.scale:
         return run_scale(args)
     size = len(template(args.tokens))
-    out: dict = {"trajectory_bytes": size, "trajectories": _per_producer(args) * args.producers, "producers": args.producers,
-                 "fsync": args.fsync, "cpus": os.cpu_count()}
-    for name, fn in (("zmq", run_zmq), ("zmq_log", run_zmq_log), ("asyncrl", run_asyncrl),
-                     ("ray", None if args.skip_ray else run_ray)):
-        if fn is None:
-            continue
-        dt, n = fn(args)
-        out[f"{name}_traj_per_s"] = round(n / dt, 1)
-        out[f"{name}_mb_per_s"] = round(n * size / dt / 1e6, 1)
-    if "ray_traj_per_s" in out:
-        out["a_over_b"] = round(out["asyncrl_traj_per_s"] / out["ray_traj_per_s"], 2)
-    out["a_over_c"] = round(out["asyncrl_traj_per_s"] / out["zmq_traj_per_s"], 3)
-    out["d_over_c"] = round(out["zmq_log_traj_per_s"] / out["zmq_traj_per_s"], 3)
-    out["a_over_d"] = round(out["asyncrl_traj_per_s"] / out["zmq_log_traj_per_s"], 3)
+    n = _per_producer(args) * args.producers
+    out: dict = {"trajectory_bytes": size, "trajectories": n, "producers": args.producers, "fsync": args.fsync,
+                 "rounds": args.rounds}
+    sides = {"zmq": run_zmq, "zmq_log": run_zmq_log, "asyncrl": run_asyncrl}
+    if not args.skip_ray:
+        sides["ray"] = run_ray
+
+    def rate(fn):
+        def one() -> float:
+            dt, got = fn(args)
+            return got / dt
+        return one
+
+    per_s = interleave({name: rate(fn) for name, fn in sides.items()}, args.rounds)
+    for name, values in per_s.items():
+        out.update(summary(f"{name}_traj_per_s", values, 1))
+        out[f"{name}_mb_per_s"] = round(statistics.median(values) * size / 1e6, 1)
+    if "ray" in per_s:
+        out["a_over_b"] = ratio(per_s["asyncrl"], per_s["ray"], 2)
+    out["a_over_c"] = ratio(per_s["asyncrl"], per_s["zmq"])
+    out["d_over_c"] = ratio(per_s["zmq_log"], per_s["zmq"])
+    out["a_over_d"] = ratio(per_s["asyncrl"], per_s["zmq_log"])
     return out

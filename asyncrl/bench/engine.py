@@ -10,6 +10,9 @@ so all three produce the same useful tokens; tokens/s = sum(lengths) / wall time
   (b) `model.generate` on static left-padded batches of --batch requests in arrival order (each
       batch runs until its longest request is done);
   (c) transformers' continuous batching manager, per-request max_new_tokens (skip with --skip-cb).
+The sides run interleaved (a, b, c, a, b, c, ...) for ``--rounds`` rounds (asyncrl/bench/rounds.py);
+each is reported by its median tokens/s and seconds with their spread, and the ratios are ratios of
+median times.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from asyncrl.bench.rounds import MIN_ROUNDS, interleave, ratio, summary
 from asyncrl.config import ModelConfig
 from asyncrl.engine.base import SamplingParams
 from asyncrl.engine.client import EngineClient
@@ -40,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model-path", default=None, help="default: the default model (SmolLM2-135M)")
     parser.add_argument("--skip-cb", action="store_true", help="skip (c), transformers' continuous batching")
+    parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="interleaved rounds; medians are reported")
 
 
 def workload(n: int, long_len: int, long_every: int, min_prompt: int, max_prompt: int, vocab: int,
@@ -123,23 +128,28 @@ def run(args: argparse.Namespace) -> dict:
                     len(tok), args.seed)
     tokens = sum(n for _, n in work)
     threads = torch.get_num_threads()
-
-    with launch_embedded(model_dir, max_running_seqs=args.batch, threads=threads) as proc:
-        t_engine = asyncio.run(_engine_run(proc.url, work))
-
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    with torch.inference_mode():
-        t_static = _static_run(model, work, args.batch, pad)
-    out = {
+
+    def static() -> float:
+        with torch.inference_mode():
+            return _static_run(model, work, args.batch, pad)
+
+    # the engine's server process lives through every round (idle while the other sides run)
+    with launch_embedded(model_dir, max_running_seqs=args.batch, threads=threads) as proc:
+        sides = {"engine": lambda: asyncio.run(_engine_run(proc.url, work)), "static": static}
+        if not args.skip_cb:
+            sides["hf_continuous"] = lambda: _cb_run(model, work, args.batch)
+        seconds = interleave(sides, args.rounds)
+    out: dict[str, Any] = {
         "model": str(model_dir).rsplit("/", 1)[-1], "requests": len(work), "output_tokens": tokens,
-        "batch": args.batch, "threads": threads,
-        "engine_tok_s": round(tokens / t_engine, 2), "static_generate_tok_s": round(tokens / t_static, 2),
-        "engine_s": round(t_engine, 2), "static_s": round(t_static, 2),
-        "a_over_b": round(t_static / t_engine, 3),
+        "batch": args.batch, "threads": threads, "rounds": args.rounds,
     }
-    if not args.skip_cb:
-        t_cb = _cb_run(model, work, args.batch)
-        out.update({"hf_continuous_tok_s": round(tokens / t_cb, 2), "hf_continuous_s": round(t_cb, 2),
-                    "a_over_c": round(t_cb / t_engine, 3)})
+    names = {"engine": "engine", "static": "static_generate", "hf_continuous": "hf_continuous"}
+    for side, values in seconds.items():
+        out.update(summary(f"{names[side]}_tok_s", [tokens / v for v in values]))
+        out.update(summary(f"{names[side]}_s", values))
+    out["a_over_b"] = ratio(seconds["static"], seconds["engine"])
+    if "hf_continuous" in seconds:
+        out["a_over_c"] = ratio(seconds["hf_continuous"], seconds["engine"])
     return out
