@@ -5,7 +5,9 @@ seeded long-tailed time, a fixed number of training steps, on a tiny model (the 
 system's overlap of rollout, tools and training, not the model's FLOPs). For each mode it reports
 wall time per step, trajectories/s, the learner's idle fraction and mean reward per step, read from
 the run's own metrics.jsonl; then the async/sync throughput ratio. The first step of each run is
-excluded from the rates (it includes start-up).
+excluded from the rates (it includes start-up). The modes run interleaved (sync, async, sync, ...) for
+`--rounds` rounds; the ratio is the ratio of median trajectories/s, and each mode's detail is that of
+its median run.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from asyncrl.bench.rounds import MIN_ROUNDS, interleave, ratio, summary
 from asyncrl.config import load_config
 from asyncrl.controller import run as train
 from asyncrl.metrics import read_metrics
@@ -29,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-median-s", type=float, default=0.5)
     parser.add_argument("--max-turn-tokens", type=int, default=128)
     parser.add_argument("--model-path", default=None, help="default: a tiny model built for the run")
-    parser.add_argument("--out", default=None, help="keep the two runs' output directories here")
+    parser.add_argument("--out", default=None, help="keep the runs' output directories here")
+    parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="interleaved rounds; medians are reported")
 
 
 def _overrides(args: argparse.Namespace, model: str, out: Path, mode: str) -> list[str]:
@@ -68,13 +72,22 @@ def summarize(metrics: list[dict[str, Any]]) -> dict[str, float]:
 def run(args: argparse.Namespace) -> dict:
     root = Path(args.out or tempfile.mkdtemp(prefix="asyncrl-bench-e2e-"))
     model = args.model_path or str(build_tiny_model(root / "model", hidden=128, layers=4))
-    results = {}
-    for mode in ("sync", "async"):
-        out = root / mode
-        if train(load_config(_overrides(args, model, out, mode))) != 0:
-            raise RuntimeError(f"{mode} run failed; see {out}")
-        results[mode] = summarize(read_metrics(out / "metrics.jsonl"))
-    ratio = results["async"]["trajectories_per_s"] / results["sync"]["trajectories_per_s"]
+    results: dict[str, list[dict]] = {"sync": [], "async": []}
+
+    def side(mode: str):
+        def one() -> float:
+            out = root / f"{mode}-{len(results[mode])}"
+            if train(load_config(_overrides(args, model, out, mode))) != 0:
+                raise RuntimeError(f"{mode} run failed; see {out}")
+            results[mode].append(summarize(read_metrics(out / "metrics.jsonl")))
+            return results[mode][-1]["trajectories_per_s"]
+        return one
+
+    per_s = interleave({"sync": side("sync"), "async": side("async")}, args.rounds)
+    median_run = {mode: sorted(runs, key=lambda r: r["trajectories_per_s"])[len(runs) // 2]
+                  for mode, runs in results.items()}
     return {"baseline": "sync (max_staleness 0, rollout waits for each sync)", "steps": args.steps,
-            "max_staleness": args.max_staleness, "sync": results["sync"], "async": results["async"],
-            "async_over_sync_throughput": round(ratio, 3), "target": 2.5, "output_dir": str(root)}
+            "max_staleness": args.max_staleness, "rounds": args.rounds,
+            **summary("sync_trajectories_per_s", per_s["sync"], 3), **summary("async_trajectories_per_s", per_s["async"], 3),
+            "sync": median_run["sync"], "async": median_run["async"],
+            "async_over_sync_throughput": ratio(per_s["async"], per_s["sync"]), "target": 2.5, "output_dir": str(root)}

@@ -5,19 +5,22 @@ The batch: `--num-seqs` sequences whose lengths are min_len * (max_len / min_len
 the rest response (all trained). The same LearnerWorker (default model SmolLM2-135M, fp32 CPU) runs
 one `train_step` (1 epoch, 1 minibatch, micro-batches cut by `--budget` tokens) with padded rows (the
 baseline: sequences in batch order, each micro-batch padded to its longest) and one with packed rows.
-Reported: real tokens per second of each (wall clock), ratio_packed_over_padded = packed / padded, and
-ratio_cpu_time, the same ratio in process CPU time (robust to other processes sharing the CPU). A short
-warm-up step runs first.
+The two run interleaved for `--rounds` rounds (asyncrl/bench/rounds.py). Reported: each side's median
+seconds with its spread, real tokens per second at the median, ratio_packed_over_padded = the ratio of
+median times, and ratio_cpu_time, the same ratio in median process CPU time (robust to other processes
+sharing the CPU). A short warm-up step runs first.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import numpy as np
 import torch
 
+from asyncrl.bench.rounds import MIN_ROUNDS, interleave, ratio, summary
 from asyncrl.config import AlgorithmConfig, Config, ModelConfig
 from asyncrl.learner.worker import LearnerWorker
 from asyncrl.schema import Batch, Group, make_trajectory
@@ -32,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-path", default=None, help="a local HF directory instead of the default model")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="interleaved rounds; medians are reported")
 
 
 def lengths_long_tailed(n: int, lo: int, hi: int, seed: int) -> list[int]:
@@ -69,16 +73,28 @@ def run(args: argparse.Namespace) -> dict:
     out: dict = {"model": str(worker.model.config.name_or_path).split("/")[-1], "lengths": lengths,
                  "real_tokens": sum(lengths), "budget": args.budget, "decoupled": args.decoupled,
                  "threads": torch.get_num_threads()}
-    for name, packing in (("padded", False), ("packed", True)):
+    def step(packing: bool) -> tuple[float, float, int]:
         worker.algo.packing = packing
         t0, c0 = time.perf_counter(), time.process_time()
         m = worker.train_step(batch)
-        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-        out[f"{name}_seconds"] = round(dt, 2)
-        out[f"{name}_cpu_seconds"] = round(cpu, 2)
-        out[f"{name}_tokens_per_s"] = round(sum(lengths) / dt, 1)
-        out[f"{name}_compute_tokens"] = int(m["learner/compute_tokens_rank"])
-    out["ratio_packed_over_padded"] = round(out["packed_tokens_per_s"] / out["padded_tokens_per_s"], 3)
+        return time.perf_counter() - t0, time.process_time() - c0, int(m["learner/compute_tokens_rank"])
+
+    runs: dict[str, list[tuple[float, float, int]]] = {"padded": [], "packed": []}
+
+    def side(name: str, packing: bool):
+        def one() -> float:
+            runs[name].append(step(packing))
+            return runs[name][-1][0]
+        return one
+
+    seconds = interleave({"padded": side("padded", False), "packed": side("packed", True)}, args.rounds)
+    out["rounds"] = args.rounds
+    for name in ("padded", "packed"):
+        out.update(summary(f"{name}_seconds", seconds[name]))
+        out[f"{name}_cpu_seconds"] = round(statistics.median(r[1] for r in runs[name]), 2)
+        out[f"{name}_tokens_per_s"] = round(sum(lengths) / statistics.median(seconds[name]), 1)
+        out[f"{name}_compute_tokens"] = runs[name][-1][2]
+    out["ratio_packed_over_padded"] = ratio(seconds["padded"], seconds["packed"])
     # the same ratio in process CPU time: less sensitive to other processes sharing the machine
     out["ratio_cpu_time"] = round(out["padded_cpu_seconds"] / max(out["packed_cpu_seconds"], 1e-9), 3)
     return out
