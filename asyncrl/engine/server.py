@@ -203,11 +203,13 @@ def serve(
     import uvicorn
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from asyncrl.engine.cpu_kernels import use_small_batch_linears
     from asyncrl.models import torch_dtype
 
     if threads:
         torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype, device)).to(device)
+    use_small_batch_linears(model)  # CPU only: decode-sized GEMMs computed transposed (engine/cpu_kernels.py)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     except (OSError, ValueError):
