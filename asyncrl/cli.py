@@ -25,11 +25,25 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def version_line() -> str:
+    """asyncrl's version, with torch's and python's (read from package metadata: importing torch is slow)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def v(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"asyncrl {v('asyncrl')} (torch {v('torch')}, transformers {v('transformers')}, python {sys.version.split()[0]})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncrl",
         description="Asynchronous, off-policy RL for multi-turn, tool-using LLM agents.",
     )
+    parser.add_argument("-V", "--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in SUBCOMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
@@ -39,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    if argv[:1] in (["--version"], ["-V"]):
+        print(version_line())
+        return 0
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2

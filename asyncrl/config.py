@@ -64,7 +64,8 @@ GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo")
 @dataclass
 class ModelConfig:
     name: str = "smollm2-135m"  # a known default model, or "custom" with `path`
-    path: Optional[str] = None  # a local HF checkpoint directory; overrides `name`
+    path: Optional[str] = None  # a local HF checkpoint dir, or a hub id (org/name) in the local HF cache; overrides `name`
+    allow_download: bool = False  # a hub id missing from the local HF cache is downloaded (else: an error)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: fp32 on CPU, bf16 on GPU
     attn_implementation: Optional[str] = None  # None: sdpa (flash_attention_2 on GPU when installed)
     gradient_checkpointing: bool = False
@@ -77,8 +78,8 @@ class ModelConfig:
 
 @dataclass
 class EngineConfig:
-    type: Literal["embedded", "sglang"] = "embedded"
-    num_engines: int = 1
+    type: Literal["embedded", "sglang"] = "embedded"  # embedded: asyncrl's engine (any device); sglang: GPU
+    num_engines: int = 1  # inference servers launched (each serves the whole model)
     urls: list[str] = field(default_factory=list)  # attach to running servers instead of launching
     host: str = "127.0.0.1"
     device: Optional[str] = None  # None: cuda if available else cpu
@@ -112,7 +113,7 @@ class EngineConfig:
 
 @dataclass
 class SamplingConfig:
-    temperature: float = 1.0
+    temperature: float = 1.0  # sampling temperature of rollouts (the learner divides logits by it too)
     top_p: float = 1.0
     top_k: int = -1
     min_new_tokens: int = 0
@@ -147,7 +148,7 @@ class AgentConfig:
     max_turn_tokens: int = 256  # budget of one generation
     max_response_tokens: int = 768  # budget of the whole trajectory after the prompt
     max_prompt_tokens: int = 512
-    tool_parser: str = "hermes"
+    tool_parser: str = "hermes"  # how tool calls are read from the model's text (asyncrl plugins lists them)
     tool_concurrency: int = 4
     tool_timeout_s: float = 30.0
     max_tool_response_tokens: int = 256
@@ -201,8 +202,8 @@ class EnvConfig:
     name: str = "arithmetic"  # a registered env
     train_file: Optional[str] = None  # verl-schema parquet; None: the env generates one
     val_file: Optional[str] = None
-    num_train: int = 2048
-    num_val: int = 64
+    num_train: int = 2048  # rows the env generates when train_file is None
+    num_val: int = 64  # held-out rows the env generates when val_file is None
     seed: int = 0
     difficulty: list[int] = field(default_factory=lambda: [1, 2])
     skip_bad_rows: bool = False
@@ -220,7 +221,7 @@ class EnvConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: Literal["grpo", "drgrpo", "rloo", "reinforce_pp"] = "grpo"
+    adv_estimator: Literal["grpo", "drgrpo", "rloo", "reinforce_pp"] = "grpo"  # how rewards become advantages
     norm_adv_by_std: bool = True
     n_samples: int = 4  # samples per prompt (group size)
     max_staleness: int = 2  # eta: versions a trained token may lag the newest
@@ -232,11 +233,11 @@ class AlgorithmConfig:
     is_reject_low: Optional[float] = None  # reject (mask) tokens/sequences whose weight is below
     is_reject_high: Optional[float] = None  # ... or above
     is_seq_mode: Literal["sum", "mean"] = "sum"  # sequence-level log weight: sum of token log ratios, or their mean
-    kl_coef: float = 0.0
+    kl_coef: float = 0.0  # weight of the KL to the frozen initial policy (0: no reference model)
     kl_estimator: Literal["k1", "k3"] = "k3"
     entropy_coef: float = 0.0
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_sum_norm"] = "token_mean"
-    lr: float = 1e-6
+    lr: float = 1e-6  # AdamW learning rate of the policy
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     warmup_steps: int = 0
@@ -286,24 +287,23 @@ class WeightSyncConfig:
 
 @dataclass
 class TrainerConfig:
-    mode: Literal["async", "sync"] = "async"
-    total_steps: int = 20
+    mode: Literal["async", "sync"] = "async"  # sync: rollout waits for each weight sync (max_staleness 0)
+    total_steps: int = 20  # training steps (policy versions) of the run
     batch_groups: int = 4  # prompts (groups) per training step
-    rollout_workers: int = 1
+    rollout_workers: int = 1  # Ray actors running agent loops
     episodes_per_worker: int = 16  # concurrent agent loops per rollout worker
     max_inflight_generations: int = 16  # engine slots across the rollout side
-    learner_ranks: int = 1
-    # the run's directory is outputs/<run_name> (None: the start time, e.g. 2026-11-23_20-44-45) unless
-    # output_dir names one; asyncrl/run_dir.py owns the rule, the lock and what a start finds there
-    run_name: Optional[str] = None
-    output_dir: Optional[str] = None
+    learner_ranks: int = 1  # FSDP2 ranks of the learner
+    # asyncrl/run_dir.py owns the rule for the run's directory, the lock and what a start finds there
+    run_name: Optional[str] = None  # the run's dir is outputs/<run_name> (None: the start time)
+    output_dir: Optional[str] = None  # the run's dir, whatever run_name says
     checkpoint_every: int = 0  # steps; 0: only at the end
     keep_checkpoints: int = 2
     resume: Literal["off", "auto"] = "off"  # auto: the newest checkpoint of the run dir, or a fresh start saying so
     eval_every: int = 0  # steps; 0: no evaluation
     eval_pass_k: int = 1
     eval_samples: int = 32
-    wandb: Literal["off", "offline", "online"] = "offline"
+    wandb: Literal["off", "offline", "online"] = "offline"  # offline: logged under the run dir, `wandb sync` later
     wandb_project: str = "asyncrl"
     dump_trajectories: float = 1.0  # fraction of trajectories written to trajectories.jsonl
     progress: bool = True
@@ -538,7 +538,7 @@ def _explain_hydra_error(message: str, overrides: list[str]) -> str:
     for ov in overrides:
         key = ov.lstrip("+~").split("=", 1)[0]
         head = key.split(".", 1)[0]
-        if not key or "." not in key and _group_options(head) is not None:
+        if not key or "." not in key and group_options(head) is not None:
             continue  # a group selection, not a key: only `_bad_group_option` speaks about those
         if f"'{key}'" in message or f"'{head}'" in message:
             if head not in top:
@@ -551,7 +551,7 @@ def _explain_hydra_error(message: str, overrides: list[str]) -> str:
     return " ".join(message.split("Config search path:")[0].split())
 
 
-def _group_options(group: str) -> Optional[list[str]]:
+def group_options(group: str) -> Optional[list[str]]:
     """The options of config group `group` (configs/<group>/*.yaml), or None when it is not a group."""
     d = config_dir() / group
     return sorted(p.stem for p in d.glob("*.yaml")) if group and d.is_dir() else None
@@ -560,7 +560,7 @@ def _group_options(group: str) -> Optional[list[str]]:
 def _bad_group_option(override: str) -> Optional[str]:
     """`env=nonexistent` -> a message listing the group's options; None for anything else."""
     key, sep, value = override.lstrip("+~").partition("=")
-    options = _group_options(key) if sep and "." not in key and "/" not in key else None
+    options = group_options(key) if sep and "." not in key and "/" not in key else None
     if options is None or value in options:
         return None
     close = difflib.get_close_matches(value, options, n=1)

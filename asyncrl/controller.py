@@ -33,6 +33,7 @@ import ray
 
 from asyncrl import registry
 from asyncrl.config import Config
+from asyncrl.console_log import ConsoleLog, write_overrides
 from asyncrl.engine.auth import ENV as ENGINE_TOKEN_ENV
 from asyncrl.engine.auth import ensure_token
 from asyncrl.fleet import Fleet, load_rows
@@ -55,8 +56,9 @@ class RunStopped(Exception):
         self.verdict = verdict
 
 
-def run(cfg: Config, rows: list[dict] | None = None) -> int:
-    """Train; `rows`: the training rows as preflight checked them (None: load them here)."""
+def run(cfg: Config, rows: list[dict] | None = None, overrides: list[str] | None = None) -> int:
+    """Train; `rows`: the training rows as preflight checked them (None: load them here); `overrides`: the
+    command line as typed, recorded in the run dir with the console log (asyncrl/console_log.py)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     secret_env = withhold_env()  # before anything is started: no child inherits WANDB_API_KEY
     out = run_dir(cfg.trainer.output_dir, cfg.trainer.run_name)
@@ -81,7 +83,9 @@ def run(cfg: Config, rows: list[dict] | None = None) -> int:
         lock.release()  # emptied: a crash here is no dead holder for the next start to report
         raise
     try:
-        return _run(cfg, rows, out, start, secret_env)
+        write_overrides(out, list(overrides or []))
+        with ConsoleLog(out, list(secret_env.values())):
+            return _run(cfg, rows, out, start, secret_env)
     finally:
         lock.release()
 

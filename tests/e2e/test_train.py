@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 from zmq.utils import z85
 
 from asyncrl.buffer.keys import BufferKeys
@@ -297,9 +298,9 @@ def test_sync_baseline_with_curve_on_trains_and_writes_no_secret_to_its_output_d
     wandb_key = "local-" + os.urandom(20).hex()
     monkeypatch.setenv("WANDB_API_KEY", wandb_key)  # the run inherits it (_train copies os.environ)
     out = tmp_path / "sync"
-    proc = _train(_overrides(tiny_model_dir, out, **{"trainer.mode": "sync", "buffer.curve": "on",
-                                                     "buffer.keys_dir": str(keys_dir), "trainer.wandb": "offline"}),
-                  wait=False)
+    typed = _overrides(tiny_model_dir, out, **{"trainer.mode": "sync", "buffer.curve": "on",
+                                               "buffer.keys_dir": str(keys_dir), "trainer.wandb": "offline"})
+    proc = _train(typed, wait=False)
     cmdlines: set[str] = set()  # every command line seen (a Ray worker renames itself once it hosts an actor)
     inherited: set[str] = set()  # command lines of the run's children whose environment held the wandb key
     chunks = []
@@ -353,5 +354,9 @@ def test_sync_baseline_with_curve_on_trains_and_writes_no_secret_to_its_output_d
             data = p.read_bytes()  # once: the checkpoint's files are the big ones
             assert not [n for n, needle in needles.items() if needle in data], \
                 f"{[n for n, needle in needles.items() if needle in data]} in {where}: {p}"
+    # the run's record (issue 23): the overrides as typed, and the console's lines in train.log (scanned above)
+    assert yaml.safe_load((out / "overrides.yaml").read_text()) == typed
+    record = (out / "train.log").read_text()
+    assert "asyncrl train: completed (exit 0)" in record and "INFO" in record, record[-2000:]
     shown = json.loads((out / "config.json").read_text())["buffer"]
     assert shown["curve"] == "on" and shown["keys_dir"] == str(keys_dir)  # a reference to the keys, not the keys

@@ -1,0 +1,97 @@
+"""The run's console record: what `asyncrl train` printed (its stdout and stderr, log lines included)
+is also appended to `<run dir>/train.log`, and the overrides typed on the command line are written to
+`<run dir>/overrides.yaml` (a YAML list, as Hydra's `.hydra/overrides.yaml`).
+
+Secrets never reach either file: the values of the secret environment variables the run withheld
+(asyncrl/secrets.py `SECRET_ENV`) are replaced by `REDACTED` wherever they appear in a line, and an
+override whose key names a secret is written with its value redacted. The record is this process's
+Python-level streams: output that a child process writes straight to the inherited terminal (an engine
+server's own stderr) is in that child's log file under the run dir instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import IO, Optional
+
+from asyncrl.secrets import REDACTED, is_secret
+
+LOG_FILE = "train.log"
+OVERRIDES_FILE = "overrides.yaml"
+
+
+class _Tee:
+    """A text stream writing to `stream` and, redacted, to `log`."""
+
+    def __init__(self, stream: IO[str], log: IO[str], secrets: list[str]):
+        self.stream, self.log, self.secrets = stream, log, secrets
+
+    def write(self, text: str) -> int:
+        n = self.stream.write(text)
+        clean = text
+        for s in self.secrets:
+            clean = clean.replace(s, REDACTED)
+        try:
+            self.log.write(clean)
+        except ValueError:  # the log was closed under a late writer (a thread at exit): the console still gets it
+            pass
+        return n
+
+    def flush(self) -> None:
+        self.stream.flush()
+        try:
+            self.log.flush()
+        except ValueError:
+            pass
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+class ConsoleLog:
+    """`with ConsoleLog(run_dir, secret_values):` tees sys.stdout and sys.stderr (and the logging handlers
+    that write to them) into run_dir/train.log for the duration of the block."""
+
+    def __init__(self, run_dir: Path, secret_values: list[str]):
+        self.path = Path(run_dir) / LOG_FILE
+        self.secrets = [s for s in secret_values if s]
+        self._file: Optional[IO[str]] = None
+        self._saved: list[tuple[logging.StreamHandler, IO[str]]] = []
+
+    def __enter__(self) -> ConsoleLog:
+        self._file = open(self.path, "a", encoding="utf-8", errors="replace", buffering=1)
+        self._file.write(f"==== asyncrl train started {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n")
+        self._out, self._err = sys.stdout, sys.stderr
+        sys.stdout = _Tee(self._out, self._file, self.secrets)  # type: ignore[assignment]
+        sys.stderr = _Tee(self._err, self._file, self.secrets)  # type: ignore[assignment]
+        for h in logging.getLogger().handlers:
+            if isinstance(h, logging.StreamHandler) and h.stream in (self._out, self._err):
+                self._saved.append((h, h.stream))
+                h.setStream(sys.stderr if h.stream is self._err else sys.stdout)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h, stream in self._saved:
+            h.setStream(stream)
+        sys.stdout, sys.stderr = self._out, self._err
+        if self._file is not None:
+            self._file.close()
+
+
+def write_overrides(run_dir: Path, overrides: list[str]) -> Path:
+    """The overrides as typed, one YAML list item each (a secret-named key's value redacted)."""
+    lines = []
+    for ov in overrides:
+        key, sep, _ = ov.partition("=")
+        shown = f"{key}={REDACTED}" if sep and is_secret(key.lstrip("+~")) else ov
+        lines.append("- " + _yaml_quote(shown))
+    path = Path(run_dir) / OVERRIDES_FILE
+    path.write_text("\n".join(lines) + ("\n" if lines else "[]\n"))
+    return path
+
+
+def _yaml_quote(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
