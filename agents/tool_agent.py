@@ -21,13 +21,12 @@ from typing import Any
 
 from asyncrl.agent_loop.base import AgentContext, AgentLoop, Episode, InteractionSession
 from asyncrl.agent_loop.chat import ChatFormat
+from asyncrl.agent_loop.tool_calls import resolve_parser
 from asyncrl.agent_loop.tool_runner import ToolRunner
 from asyncrl.config import AgentConfig
 from asyncrl.env_api import Sample
 from asyncrl.registry import register
 from asyncrl.schema import Trajectory
-
-from .parsers import get_parser
 
 
 @register("agent", "tool_agent")
@@ -41,7 +40,8 @@ class ToolAgent(AgentLoop):
         cfg = ctx.cfg
         chat = self.chat_format(ctx.tokenizer, cfg, ctx.tool_schemas())
         ep = Episode(sample, ctx, self.name, chat, chat.prompt_messages(sample.messages))
-        parser = get_parser(cfg.tool_parser)
+        parser = resolve_parser(cfg.tool_parser, ctx.tokenizer)
+        keep_special = getattr(parser, "keeps_special_tokens", False)  # its markers are special tokens
         runner = ToolRunner(ctx.tools(), sample.uid, sample.tools_kwargs, cfg, ctx.tokenizer, ep.metrics)
         interaction = InteractionSession(sample, ctx)
         consecutive_invalid, final_text = 0, ""
@@ -56,7 +56,8 @@ class ToolAgent(AgentLoop):
                 if out.finish_reason == "abort":
                     ep.finish_reason = "abort"
                     break
-                calls = parser.parse(text).calls
+                calls = parser.parse(ctx.tokenizer.decode(out.output_ids, skip_special_tokens=False)
+                                     if keep_special else text).calls
                 if calls:
                     outcomes = await runner.run(calls)
                     ep.tool_rewards = list(runner.rewards)

@@ -41,6 +41,7 @@ from typing import Any, Optional
 
 from asyncrl import registry
 from asyncrl.agent_loop.base import interaction_class, resolve_agent
+from asyncrl.agent_loop.tool_calls import resolve_parser
 from asyncrl.config import Config, ToolSpec
 from asyncrl.data import DataError
 from asyncrl.dataset import BLOCK_ROWS, LARGE_ROW_GROUP, Dataset
@@ -136,7 +137,8 @@ def check_names(cfg: Config) -> list[str]:
     """The config's named plugins resolve: agent loop, tool parser, interaction classes."""
     problems = _Problems()
     problems.attempt("agent.name", lambda: resolve_agent(cfg.agent.name))
-    problems.attempt("agent.tool_parser", lambda: registry.get("tool_parser", cfg.agent.tool_parser))
+    if cfg.agent.tool_parser != "auto":  # auto is resolved against the tokenizer, below
+        problems.attempt("agent.tool_parser", lambda: registry.get("tool_parser", cfg.agent.tool_parser))
     for i, spec in enumerate(cfg.env.interactions):
         problems.attempt(f"env.interactions[{i}] ({spec.name!r})", lambda spec=spec: interaction_class(spec.name, [spec]))
     return problems
@@ -304,6 +306,10 @@ def preflight(cfg: Config) -> PreflightReport:
     tokenizer = problems.attempt(f"tokenizer of {model}", lambda: load_tokenizer(model))
     if tokenizer is None:
         raise PreflightError(problems)
+    if cfg.agent.tool_parser == "auto":
+        problems.attempt("agent.tool_parser", lambda: resolve_parser("auto", tokenizer))
+        if problems:
+            raise PreflightError(problems)
     schemas = tool_schemas(specs)
     limit = cfg.agent.max_prompt_tokens
     lengths = problems.attempt("prompt lengths", lambda: prompt_lengths(train, cfg, tokenizer, schemas)) or []

@@ -31,8 +31,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from asyncrl import registry
 from asyncrl.agent_loop.chat import ChatFormat
+from asyncrl.agent_loop.tool_calls import resolve_parser
 from asyncrl.config import AgentConfig
 from asyncrl.engine.base import Generator, SamplingParams
 from asyncrl.engine.server import bind_socket
@@ -74,8 +74,7 @@ class ProxyServer:
         if not is_loopback(host):
             raise ValueError(f"the OpenAI proxy serves loopback only, got host {host!r}")
         self.engine, self.tok, self.cfg, self.model_name, self.host = engine, tokenizer, cfg, model_name, host
-        parser = registry.get("tool_parser", cfg.tool_parser)
-        self.parser = parser() if isinstance(parser, type) else parser
+        self.parser = resolve_parser(cfg.tool_parser, tokenizer)
         self.stop_ids = ChatFormat(tokenizer).stop_token_ids()
         self.vocab_size = len(tokenizer)
         self.sessions: dict[str, Session] = {}

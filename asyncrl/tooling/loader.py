@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 
 from asyncrl import registry
 from asyncrl.config import ToolSpec
+from asyncrl.tooling.base import SchemaDefinitionError, check_parameters_schema
 
 
 class ToolConfigError(ValueError):
@@ -60,6 +61,10 @@ def _check_schema(schema: Any, where: str) -> None:
     params = fn.get("parameters", {"type": "object", "properties": {}})
     if not isinstance(params, dict) or params.get("type", "object") != "object":
         raise ToolConfigError(f"{where}: tool_schema.function.parameters must be a JSON-schema object, got {params!r}")
+    try:
+        check_parameters_schema(params, f"{where}: tool {fn['name']!r}")
+    except SchemaDefinitionError as e:
+        raise ToolConfigError(str(e)) from None
 
 
 def read_tools_yaml(path: str | Path) -> list[Any]:
