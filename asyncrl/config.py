@@ -148,7 +148,7 @@ class AgentConfig:
     max_turn_tokens: int = 256  # budget of one generation
     max_response_tokens: int = 768  # budget of the whole trajectory after the prompt
     max_prompt_tokens: int = 512
-    tool_parser: str = "hermes"  # how tool calls are read from the model's text (asyncrl plugins lists them)
+    tool_parser: str = "hermes"  # how tool calls are read from the text (asyncrl plugins lists them; auto: from the chat template)
     tool_concurrency: int = 4
     tool_timeout_s: float = 30.0
     max_tool_response_tokens: int = 256
