@@ -31,6 +31,11 @@ def run_name(k: int, varying: list[str]) -> str:
     return f"{k}_{slug}"[:100] if slug else str(k)
 
 
+def hydra_quoted(value: str) -> str:
+    """`value` as a quoted Hydra override value (a path may hold '=', ',', spaces or quotes)."""
+    return "'" + value.replace("'", "\\'") + "'"
+
+
 def plan(args: TrainArgs) -> tuple[Path, list[list[str]], list[list[str]]]:
     """(sweep dir, each run's overrides, what varies in each): checked before any run starts."""
     for ov in args.overrides:
@@ -60,7 +65,7 @@ def run_sweep(args: TrainArgs) -> int:
     results: list[dict[str, Any]] = []
     for k, (combo, vary) in enumerate(zip(combos, varying)):
         out = root / run_name(k, vary)
-        cmd = [sys.executable, "-m", "asyncrl.cli", "train", *combo, f"trainer.output_dir={out}"]
+        cmd = [sys.executable, "-m", "asyncrl.cli", "train", *combo, f"trainer.output_dir={hydra_quoted(str(out))}"]
         if args.dry_run:
             cmd.append("--dry-run")
         print(f"asyncrl sweep: run {k + 1}/{len(combos)}: {' '.join(vary) or '(no varying value)'} -> {out}", flush=True)

@@ -10,10 +10,10 @@ import sys
 import pytest
 import yaml
 
-from asyncrl.config import group_options
+from asyncrl.config import group_options, load_config
 from asyncrl.console_log import ConsoleLog, write_overrides
 from asyncrl.secrets import REDACTED
-from asyncrl.sweep import plan, run_name
+from asyncrl.sweep import hydra_quoted, plan, run_name
 from asyncrl.train_args import TrainArgsError, expand_sweep, parse_train_args
 from asyncrl.train_help import COMMON_KEYS, describe, field_comments
 
@@ -80,6 +80,8 @@ def test_a_sweep_plan_is_checked_whole_before_any_run(tmp_path):
     with pytest.raises(TrainArgsError, match="set the sweep's directory with hydra.sweep.dir"):
         plan(parse_train_args(["-m", "seed=1,2", "trainer.run_name=x"]))
     assert not list(tmp_path.iterdir())  # planning wrote nothing
+    for odd in ("/tmp/a=b,c d/0_seed=1", "/tmp/it's"):  # what a run dir may hold reaches the child intact
+        assert load_config([f"trainer.output_dir={hydra_quoted(odd)}"]).trainer.output_dir == odd
 
 
 def test_every_listed_key_has_a_default_and_a_description_from_config_py():

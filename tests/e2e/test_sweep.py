@@ -28,7 +28,7 @@ def test_a_two_point_sweep_runs_both_in_their_own_dirs_and_summarizes(tiny_model
         assert json.loads((sweep / name / "config.json").read_text())["seed"] == seed
         assert json.loads((sweep / name / "summary.json").read_text())["exit_code"] == 0
         assert yaml.safe_load((sweep / name / "overrides.yaml").read_text())[-2:] == [
-            f"seed={seed}", f"trainer.output_dir={sweep / name}"]
+            f"seed={seed}", f"trainer.output_dir='{sweep / name}'"]
     summary = json.loads((sweep / "summary.json").read_text())
     assert [(s["run"], s["exit_code"], s["steps_trained"]) for s in summary] == [("0_seed=1", 0, 1), ("1_seed=2", 0, 1)]
     assert all(isinstance(s["last_reward_mean"], float) for s in summary)
