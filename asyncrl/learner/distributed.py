@@ -10,6 +10,7 @@ a free loopback port: the way tests and benchmarks get multi-rank runs on one ma
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -47,9 +48,18 @@ def _entry(rank: int, fn: Callable, world_size: int, port: int, args: tuple) -> 
     try:
         init_distributed(rank, world_size, "cpu")
         fn(rank, world_size, *args)
+        if dist.is_initialized():
+            dist.barrier()  # no rank tears its group down while a peer is still inside a collective
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    # A clean return ends the rank without interpreter finalization: gloo's C++ threads can still be
+    # joinable while static objects are destroyed, and a rank that returned normally then died of
+    # std::terminate (SIGABRT, "terminate called without an active exception"; seen once in CI). A rank
+    # that raised takes the normal path, so that torch.multiprocessing records its traceback.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
