@@ -75,13 +75,15 @@ class Fleet:
         self.buffer_producer, consumer = (endpoint(keys, address, r) for r in ("producer", "consumer"))
         engine_threads, learner_threads = cpu_threads(cfg.trainer.mode, available_cpus(), cfg.engine.num_engines,
                                                       cfg.trainer.learner_ranks)
+        # the learner ranks set up while the engines start: the two are independent and each takes seconds
+        self.learners = LearnerGroup(cfg, consumer, learner_threads)
         if cfg.engine.urls:  # attached servers: not ours to launch or restart
             self.engine_urls = list(cfg.engine.urls)
         else:
             self.engines = [EngineActor.remote(cfg, model_dir, i, threads=engine_threads)
                             for i in range(cfg.engine.num_engines)]
             self.engine_urls = ray.get([e.start.remote() for e in self.engines])
-        self.learners = LearnerGroup(cfg, consumer, learner_threads)
+        self.learners.wait_ready()
         self.supervisor = Supervisor(engines=self.engines, engine_urls=self.engine_urls, learners=self.learners,
                                      base_weights=model_dir, restart_weights=self.out / "engine_restart_weights",
                                      spawn_worker=self._spawn_worker, buffer=self.buffer,
@@ -105,11 +107,9 @@ class Fleet:
     def _spawn_worker(self, r: int, position: RolloutPosition, version: int) -> Any:
         from asyncrl.actors.rollout import RolloutActor
 
-        w = RolloutActor.remote(self.cfg, r, self.cfg.trainer.rollout_workers, self.engine_urls,
-                                self.buffer_producer, str(self.out), self.tool_overrides, self.rows,
-                                position=position, version=version, run_id=self.run_id)
-        ray.get(w.start.remote())
-        return w
+        return RolloutActor.remote(self.cfg, r, self.cfg.trainer.rollout_workers, self.engine_urls,
+                                   self.buffer_producer, str(self.out), self.tool_overrides, self.rows,
+                                   position=position, version=version, run_id=self.run_id)
 
     def shutdown(self) -> None:
         workers = self.supervisor.workers if self.supervisor is not None else []

@@ -38,7 +38,15 @@ class LearnerGroup:
 
         port, n = free_port(), cfg.trainer.learner_ranks
         self.actors = [LearnerActor.remote(cfg, r, n, "127.0.0.1", port) for r in range(n)]
-        self._gather([a.setup.remote(buffer if r == 0 else None, threads) for r, a in enumerate(self.actors)])
+        # set-up runs while the caller starts other parts (the engines); wait_ready() waits for it
+        self._setup = [a.setup.remote(buffer if r == 0 else None, threads) for r, a in enumerate(self.actors)]
+
+    def wait_ready(self) -> None:
+        """Return once every rank has set up (its model loaded, its process group formed); a rank that
+        failed or died raises here."""
+        if self._setup:
+            refs, self._setup = self._setup, []
+            self._gather(refs)
 
     def _all(self, method: str, *args: Any, timeout_s: Optional[float] = None) -> Any:
         """Call `method(*args)` on every rank once; rank 0's result."""

@@ -69,7 +69,7 @@ class BufferFailed(RuntimeError):
     """The replay buffer's service stopped with an error (or its actor is gone): the run cannot go on."""
 
 
-SpawnWorker = Callable[[int, RolloutPosition, int], Any]  # (worker id, position, version) -> started actor
+SpawnWorker = Callable[[int, RolloutPosition, int], Any]  # (worker id, position, version) -> actor, not started
 
 
 class Supervisor:
@@ -92,6 +92,7 @@ class Supervisor:
     def start_workers(self, positions: list[RolloutPosition], version: int) -> None:
         self.positions, self.states = list(positions), [None] * len(positions)
         self.workers = [self.spawn_worker(r, p, version) for r, p in enumerate(self.positions)]
+        ray.get([w.start.remote() for w in self.workers])  # together: each loads its tokenizer and data
         self.worker_status = [WorkerStatus.RUNNING] * len(self.workers)
 
     def check(self, version: int) -> None:
@@ -130,6 +131,7 @@ class Supervisor:
                 continue
             self.faults["faults/worker_restarts"] += 1
             self.workers[r] = self.spawn_worker(r, self.positions[r], version)
+            ray.get(self.workers[r].start.remote())
             self.worker_status[r] = WorkerStatus.RUNNING
 
     def record(self, r: int, st: RolloutState) -> None:
