@@ -118,7 +118,7 @@ class ReactAgent(AgentLoop):
                     break
                 call = coerce_bare_input(parsed.calls[0], tools)
                 (outcome,) = await runner.run([call])
-                ep.tool_rewards = list(runner.rewards)
+                ep.set_tool_rewards(runner.rewards)
                 consecutive_invalid = consecutive_invalid + 1 if outcome.invalid else 0
                 if consecutive_invalid >= cfg.max_consecutive_invalid_calls:
                     ep.finish_reason = "invalid_calls"

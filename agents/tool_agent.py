@@ -60,7 +60,7 @@ class ToolAgent(AgentLoop):
                                      if keep_special else text).calls
                 if calls:
                     outcomes = await runner.run(calls)
-                    ep.tool_rewards = list(runner.rewards)
+                    ep.set_tool_rewards(runner.rewards)
                     for o in outcomes:
                         consecutive_invalid = consecutive_invalid + 1 if o.invalid else 0
                     if consecutive_invalid >= cfg.max_consecutive_invalid_calls:
@@ -77,7 +77,7 @@ class ToolAgent(AgentLoop):
                     ep.finish_reason = "length" if out.finish_reason == "length" else "stop"
                     break
                 done, reply, turn_score, _ = await interaction.respond(ep.messages)
-                ep.turn_rewards.append(turn_score)
+                ep.add_turn_reward(turn_score)
                 if done:
                     ep.finish_reason = "stop"
                     break

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -221,7 +222,13 @@ class EnvConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: Literal["grpo", "drgrpo", "rloo", "reinforce_pp"] = "grpo"  # how rewards become advantages
+    # how rewards become advantages: grpo | drgrpo | rloo | reinforce_pp, or a registered "advantage" plugin
+    adv_estimator: str = "grpo"
+    # per-turn credit: turn and tool rewards join the final reward where they arose, and each token's
+    # advantage counts only the rewards from its turn on (asyncrl/learner/advantages.py); built-in estimators
+    turn_credit: bool = False
+    # the policy loss: ppo | gspo | cispo | sapo | reinforce, or a registered "loss" plugin (asyncrl/learner/losses.py)
+    loss: str = "ppo"
     norm_adv_by_std: bool = True
     n_samples: int = 4  # samples per prompt (group size)
     max_staleness: int = 2  # eta: versions a trained token may lag the newest
@@ -229,10 +236,15 @@ class AlgorithmConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
     is_level: Literal["token", "sequence"] = "token"
-    is_threshold: float = 2.0  # truncation of the behavior importance weight
+    is_threshold: Optional[float] = 2.0  # truncation of the behavior importance weight (null: none, e.g. IcePop)
     is_reject_low: Optional[float] = None  # reject (mask) tokens/sequences whose weight is below
     is_reject_high: Optional[float] = None  # ... or above
     is_seq_mode: Literal["sum", "mean"] = "sum"  # sequence-level log weight: sum of token log ratios, or their mean
+    sapo_tau_pos: float = 1.0  # loss=sapo: gate temperature for tokens with a positive advantage
+    sapo_tau_neg: float = 1.05  # ... and for the others (higher: negative updates are damped faster off-policy)
+    # max_staleness > 0 with nothing correcting staleness (decoupled=false and a loss that ignores the ratio)
+    # is refused unless this is set
+    allow_uncorrected_off_policy: bool = False
     kl_coef: float = 0.0  # weight of the KL to the frozen initial policy (0: no reference model)
     kl_estimator: Literal["k1", "k3"] = "k3"
     entropy_coef: float = 0.0
@@ -256,12 +268,24 @@ class AlgorithmConfig:
         _check(self.max_nonfinite_steps >= 1, "algorithm.max_nonfinite_steps",
                f"must be >= 1, got {self.max_nonfinite_steps}")
         _check(self.n_samples >= 1, "algorithm.n_samples", f"must be >= 1, got {self.n_samples}")
+        _check(not self.turn_credit or self.adv_estimator in ("grpo", "drgrpo", "rloo", "reinforce_pp"),
+               "algorithm.turn_credit", "works with the built-in estimators grpo, drgrpo, rloo, reinforce_pp "
+               f"(their per-token form is documented), not adv_estimator={self.adv_estimator!r}")
         _check(self.n_samples >= 2 or self.adv_estimator not in GROUP_ESTIMATORS, "algorithm.n_samples",
                f"must be >= 2 with adv_estimator={self.adv_estimator} (its baseline is the group of samples "
                f"of one prompt; a group of 1 has advantage 0 and learns nothing), got {self.n_samples}")
         _check(self.max_staleness >= 0, "algorithm.max_staleness", f"must be >= 0, got {self.max_staleness}")
         _check(self.clip_low >= 0 and self.clip_high >= 0, "algorithm.clip_low/clip_high", "must be >= 0")
-        _check(self.is_threshold > 0, "algorithm.is_threshold", f"must be > 0, got {self.is_threshold}")
+        _check(self.is_threshold is None or self.is_threshold > 0, "algorithm.is_threshold",
+               f"must be > 0 (or null: no truncation), got {self.is_threshold}")
+        _check(self.sapo_tau_pos > 0 and self.sapo_tau_neg > 0, "algorithm.sapo_tau_pos/sapo_tau_neg",
+               f"must be > 0, got {self.sapo_tau_pos}, {self.sapo_tau_neg}")
+        for name in ("is_reject_low", "is_reject_high"):
+            v = getattr(self, name)
+            _check(v is None or (math.isfinite(v) and v >= 0), f"algorithm.{name}", f"must be >= 0 or null, got {v}")
+        _check(self.is_reject_low is None or self.is_reject_high is None or self.is_reject_low < self.is_reject_high,
+               "algorithm.is_reject_low/is_reject_high",
+               f"low must be below high, got {self.is_reject_low} and {self.is_reject_high}")
         _check(self.lr > 0, "algorithm.lr", f"must be > 0, got {self.lr}")
         _check(len(self.betas) == 2, "algorithm.betas", f"must hold 2 values, got {self.betas}")
         _check(self.minibatches >= 1 and self.epochs >= 1, "algorithm.epochs/minibatches", "must be >= 1")

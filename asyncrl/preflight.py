@@ -10,7 +10,9 @@ runs only it.
 Checks:
   plugins   every `plugins:` source imports (a syntax error or a missing module is one line naming
             the plugin, the file and the line);
-  names     agent.name, agent.tool_parser, env.name, env.reward, every env.interactions class;
+  names     agent.name, agent.tool_parser, env.name, env.reward, every env.interactions class,
+            algorithm.adv_estimator and algorithm.loss, and the off-policy guardrail (stale tokens with
+            nothing correcting them are refused: asyncrl/learner/losses.py, check_off_policy_correction);
   tools     env.tools and env.tools_config (verl YAML) resolve to tool classes with valid schemas;
   model     model.path holds a Hugging Face checkpoint (config.json, weights, tokenizer); for the
             default model, its converted cache or the GGUF it is converted from (never converted here);
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from asyncrl import registry
+from asyncrl.learner.losses import check_off_policy_correction
 from asyncrl.agent_loop.base import interaction_class, resolve_agent
 from asyncrl.agent_loop.tool_calls import resolve_parser
 from asyncrl.config import Config, ToolSpec
@@ -141,6 +144,12 @@ def check_names(cfg: Config) -> list[str]:
         problems.attempt("agent.tool_parser", lambda: registry.get("tool_parser", cfg.agent.tool_parser))
     for i, spec in enumerate(cfg.env.interactions):
         problems.attempt(f"env.interactions[{i}] ({spec.name!r})", lambda spec=spec: interaction_class(spec.name, [spec]))
+    problems.attempt("algorithm.adv_estimator", lambda: registry.get("advantage", cfg.algorithm.adv_estimator))
+    loss = problems.attempt("algorithm.loss", lambda: registry.get("loss", cfg.algorithm.loss))
+    if loss is not None:
+        refused = check_off_policy_correction(cfg.algorithm, loss)
+        if refused:
+            problems.append(refused)
     return problems
 
 

@@ -1,10 +1,12 @@
-"""The plugin registry: agent loops, tools, tool parsers, interactions, envs and rewards.
+"""The plugin registry: agent loops, tools, tool parsers, interactions, envs, rewards, losses and advantage
+estimators.
 
 Three ways in, all ending in `register`:
   1. the `@register(kind, name)` decorator, run when the defining module is imported;
   2. the `asyncrl.plugins` entry-point group of any installed distribution: each entry point
      names a module (or `module:attr`) that is imported, so its decorators run. asyncrl's own
-     built-ins (`asyncrl.agents`, `asyncrl.tools`, `asyncrl.envs`) come in this way too;
+     built-ins (`asyncrl.agents`, `asyncrl.tools`, `asyncrl.envs`, `asyncrl.learner.losses`,
+     `asyncrl.learner.advantages`) come in this way too;
   3. `plugins: [a.module.path, ./file.py]` in the config.
 The core never imports a plugin by name. A duplicate or unknown name is an error listing what is
 registered. `alias(kind, other, name)` makes `other` resolve to `name` (verl's agent names). A plugin
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-KINDS = ("agent", "tool", "tool_parser", "interaction", "env", "reward", "openai_agent_fn")
+KINDS = ("agent", "tool", "tool_parser", "interaction", "env", "reward", "openai_agent_fn", "loss", "advantage")
 ENTRY_POINT_GROUP = "asyncrl.plugins"
 
 

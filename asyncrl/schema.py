@@ -75,7 +75,12 @@ class Trajectory(msgspec.Struct, kw_only=True):
     behavior_logprobs: Array  # float32 [R]: engine logprob of each generated token, 0 elsewhere
     versions: Array  # int32 [R]: policy version that generated each token, -1 on inserted tokens
     reward: float
-    turn_rewards: list[float] = []
+    turn_rewards: list[float] = []  # interaction scores, one per interaction turn
+    # where each turn reward arose: the response index of the last generated token of the turn it scores
+    # (-1 for one, or the list empty: not placed; per-turn credit then puts it at the last generated token)
+    turn_reward_positions: list[int] = []
+    tool_rewards: list[float] = []  # the tools' rewards, one per call, in call order
+    tool_reward_positions: list[int] = []  # ... and, likewise, the last generated token of the calling turn
     num_turns: int = 0
     finish_reason: str = "stop"  # stop | length | abort | max_turns | invalid_calls | error
     metrics: dict[str, float] = {}
@@ -110,10 +115,20 @@ class Trajectory(msgspec.Struct, kw_only=True):
                               f"{self.episode_chains}")
         if not math.isfinite(self.reward):
             raise NonFiniteRewardError(f"trajectory {self.uid}: reward is {self.reward}, not a finite number")
-        bad = [k for k, x in enumerate(self.turn_rewards) if not math.isfinite(x)]
-        if bad:
-            raise NonFiniteRewardError(f"trajectory {self.uid}: turn_rewards[{bad[0]}] is "
-                                       f"{self.turn_rewards[bad[0]]}, not a finite number")
+        mask = self.loss_mask.numpy()
+        for kind in ("turn", "tool"):
+            rewards, positions = getattr(self, f"{kind}_rewards"), getattr(self, f"{kind}_reward_positions")
+            bad = [k for k, x in enumerate(rewards) if not math.isfinite(x)]
+            if bad:
+                raise NonFiniteRewardError(f"trajectory {self.uid}: {kind}_rewards[{bad[0]}] is "
+                                           f"{rewards[bad[0]]}, not a finite number")
+            if positions and len(positions) != len(rewards):
+                raise SchemaError(f"trajectory {self.uid}: {kind}_reward_positions has {len(positions)} entries, "
+                                  f"{kind}_rewards has {len(rewards)} (one position per reward, or none)")
+            for k, p in enumerate(positions):
+                if p != -1 and not (0 <= p < r and mask[p]):
+                    raise SchemaError(f"trajectory {self.uid}: {kind}_reward_positions[{k}]={p} is not the index "
+                                      f"of a generated token (response has {r} tokens) nor -1 (unplaced)")
         lp = self.behavior_logprobs.numpy()
         bad_lp = np.flatnonzero(~np.isfinite(lp))
         if bad_lp.size:

@@ -118,6 +118,8 @@ class Episode:
         self.metrics: Counter = Counter()
         self.turn_rewards: list[float] = []
         self.tool_rewards: list[float] = []
+        self.turn_reward_positions: list[int] = []  # the last generated token before each reward arose
+        self.tool_reward_positions: list[int] = []
         self.assistant_turns = 0
         self.user_turns = 0
         self.finish_reason = "stop"
@@ -136,6 +138,18 @@ class Episode:
         self.assistant_turns += 1
         self.metrics["generated_tokens"] += len(out.output_ids)
         return out
+
+    def add_turn_reward(self, score: float) -> None:
+        """An interaction's score for the turn just generated (placed at its last generated token)."""
+        self.turn_rewards.append(float(score))
+        self.turn_reward_positions.append(self.builder.last_generated_index())
+
+    def set_tool_rewards(self, rewards: list[float]) -> None:
+        """The episode's tool rewards so far (the runner's running list): the new ones are placed at the
+        last generated token, the end of the turn whose calls earned them."""
+        new = [float(x) for x in rewards[len(self.tool_rewards):]]
+        self.tool_rewards += new
+        self.tool_reward_positions += [self.builder.last_generated_index()] * len(new)
 
     def decode(self, ids: list[int]) -> str:
         return self.ctx.tokenizer.decode(ids, skip_special_tokens=True)
@@ -171,6 +185,8 @@ class Episode:
         return self.builder.build(
             uid=s.uid, group_id=s.group_id, group_size=s.group_size, env=ctx.env_name, agent=self.agent,
             reward=reward, turn_rewards=[float(r) for r in self.turn_rewards],
+            turn_reward_positions=list(self.turn_reward_positions), tool_rewards=list(self.tool_rewards),
+            tool_reward_positions=list(self.tool_reward_positions),
             num_turns=self.assistant_turns + self.user_turns, finish_reason=self.finish_reason, metrics=metrics,
             messages=self.messages, data_index=s.data_index, sample_index=s.sample_index)
 

@@ -56,6 +56,13 @@ class TrajectoryBuilder:
         self.logprobs += [0.0] * len(ids)
         self.versions += [-1] * len(ids)
 
+    def last_generated_index(self) -> int:
+        """The response index of the last generated token (-1 before any)."""
+        for i in range(len(self.loss_mask) - 1, -1, -1):
+            if self.loss_mask[i]:
+                return i
+        return -1
+
     def build(self, **fields: Any) -> Trajectory:
         return make_trajectory(prompt_ids=self.prompt_ids, response_ids=self.response_ids, loss_mask=self.loss_mask,
                                behavior_logprobs=self.logprobs, versions=self.versions, **fields)

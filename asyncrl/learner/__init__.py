@@ -5,10 +5,13 @@ Public math (torch tensors; masks are float/bool [B, T]; formulas in each functi
   advantages  grpo_advantages(rewards, group_ids, norm_by_std=True)      GRPO / Dr. GRPO (norm_by_std=False)
               rloo_advantages(rewards, group_ids)                        leave-one-out baseline
               reinforce_pp_advantages(rewards, group_ids=None, group_baseline=False)   batch-whitened
-              compute_advantages(estimator, rewards, group_ids, norm_by_std)          config dispatch
+              compute_advantages(estimator, rewards, group_ids, cfg)    the registered "advantage" by name
   importance  importance_weights(prox_logp, behav_logp, mask, level=, threshold=, reject_low=,
                                  reject_high=, seq_mode=) -> (w, keep, diagnostics)
-  losses      policy_loss(logp, behav_logp, advantages, mask, prox_logp=None, ...) -> (loss, metrics)
+  losses      policy_loss(logp, behav_logp, advantages, mask, prox_logp=None, loss_fn=None, ...) -> (loss, metrics)
+              LossInputs, PolicyTerms: a loss plugin's input and answer; ppo_terms, gspo_terms,
+              cispo_terms, sapo_terms, reinforce_terms (registered as "loss" ppo|gspo|cispo|sapo|reinforce)
+              check_off_policy_correction(algorithm_cfg, loss) -> why stale tokens go uncorrected, or None
               ppo_clip_terms(logp, anchor_logp, advantages, clip_low, clip_high)
               kl_penalty(logp, ref_logp, estimator)                      k1 | k3
               aggregate(values, mask, mode, num_tokens=, num_seqs=, max_response_tokens=)

@@ -10,6 +10,20 @@ the trajectory's tokens. Everything is computed in float64 and returned as float
 - REINFORCE++ (outcome-only): A_i = (r_i - mean_B) / (std_B + eps) over the whole batch B (unbiased std),
           optionally after subtracting the group mean first (`group_baseline=True`, "REINFORCE++-baseline").
 
+Estimators are plugins of kind "advantage" (`@register("advantage", "<name>")`, signature below
+`compute_advantages`); `algorithm.adv_estimator=<name>` picks one and `compute_advantages` checks its answer.
+
+Per-turn credit (`algorithm.turn_credit`, `turn_credit_advantages`): turn and tool rewards r_k placed at
+response positions p_k (the last generated token of the turn that earned them) join the final reward R:
+the total return is G = R + sum_k r_k, and token t's return-to-go is G - E_t with E_t = sum_{k: p_k < t} r_k
+(rewards earned before the turn of token t, which that token cannot have caused). The estimator runs on
+the totals G (its baseline and scale over the group, or the batch); token t then gets
+          A_t = A(G) - c * E_t,   c = 1 / (std + eps) for grpo and reinforce_pp, 1 for drgrpo and rloo,
+i.e. the estimator's own formula with the token's return-to-go in place of the total: GRPO's
+(G - E_t - mean_g G) / (std_g G + eps), RLOO's G - E_t - mean_{j != i} G_j. The baseline does not
+depend on the token's action, so the gradient stays unbiased while rewards a token could not affect
+drop out of its advantage. A group (a batch, for reinforce_pp) whose totals are all equal gets 0.
+
 A group of one, or a group whose rewards are all equal, gets A = 0 exactly (no NaN, no rounding
 residue): such a group carries no learning signal. A batch whose rewards are all equal gets 0 from
 REINFORCE++ for the same reason.
@@ -18,8 +32,11 @@ REINFORCE++ for the same reason.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+
+from asyncrl import registry
 
 EPS = 1e-6
 
@@ -99,14 +116,90 @@ def reinforce_pp_advantages(rewards, group_ids=None, group_baseline: bool = Fals
     return ((x - x.mean()) / (x.std() + eps)).float()
 
 
-def compute_advantages(estimator: str, rewards, group_ids, norm_by_std: bool = True) -> torch.Tensor:
-    """Dispatch on `algorithm.adv_estimator`: grpo | drgrpo | rloo | reinforce_pp."""
-    if estimator == "grpo":
-        return grpo_advantages(rewards, group_ids, norm_by_std=norm_by_std)
-    if estimator == "drgrpo":
-        return grpo_advantages(rewards, group_ids, norm_by_std=False)
-    if estimator == "rloo":
-        return rloo_advantages(rewards, group_ids)
-    if estimator == "reinforce_pp":
-        return reinforce_pp_advantages(rewards, group_ids)
-    raise ValueError(f"algorithm.adv_estimator={estimator!r} is not one of grpo, drgrpo, rloo, reinforce_pp")
+TURN_CREDIT_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp")
+
+
+def earned_before(length: int, placed: Sequence[tuple[int, float]]) -> torch.Tensor:
+    """E_t for t in 0..length-1: the sum of the rewards placed at positions < t (float64 [length]).
+    A position of -1 (unplaced) counts as the last token: nothing comes after it."""
+    e = torch.zeros(length + 1, dtype=torch.float64)
+    for p, r in placed:
+        at = length - 1 if p < 0 else p
+        if not 0 <= at < length:
+            raise ValueError(f"reward position {p} is outside the response (length {length})")
+        e[at + 1] += float(r)
+    return torch.cumsum(e, 0)[:length]
+
+
+def turn_credit_advantages(estimator: str, final_rewards, group_ids, placed: Sequence[Sequence[tuple[int, float]]],
+                           lengths: Sequence[int], cfg: Any = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Per-turn credit (module docstring): (the totals' advantages A(G) float32 [N], and per trajectory
+    its per-token advantages float32 [length_i]). `placed[i]`: trajectory i's (position, reward) pairs."""
+    if estimator not in TURN_CREDIT_ESTIMATORS:
+        raise ValueError(f"algorithm.turn_credit needs adv_estimator in {', '.join(TURN_CREDIT_ESTIMATORS)}, "
+                         f"got {estimator!r}")
+    r, g = _as_inputs(final_rewards, group_ids)
+    if not (len(placed) == len(lengths) == r.numel()):
+        raise ValueError(f"turn_credit_advantages: {r.numel()} rewards, {len(placed)} reward lists, "
+                         f"{len(lengths)} lengths")
+    totals = r + torch.tensor([sum(float(x) for _, x in pl) for pl in placed], dtype=torch.float64)
+    adv = compute_advantages(estimator, totals, g, cfg).double()
+    if estimator in ("grpo", "reinforce_pp") and (estimator != "grpo" or getattr(cfg, "norm_adv_by_std", True)):
+        if estimator == "grpo":
+            n, _, std, flat = _group_stats(totals, g)
+            degenerate = flat | (n < 2)
+        else:
+            std = totals.std().expand_as(totals) if totals.numel() > 1 else torch.zeros_like(totals)
+            degenerate = (totals == totals[0]).all().expand_as(totals) if totals.numel() else totals.bool()
+        scale = 1.0 / (std + EPS)
+    else:
+        n, _, _, flat = _group_stats(totals, g)
+        degenerate, scale = flat | (n < 2), torch.ones_like(totals)
+    per_token = []
+    for i, (pl, length) in enumerate(zip(placed, lengths)):
+        a = adv[i] - scale[i] * earned_before(int(length), pl)
+        per_token.append(torch.zeros(int(length)) if bool(degenerate[i]) else a.float())
+    return adv.float(), per_token
+
+
+# ----------------------------------------------------------------------------- the registered estimators
+# An estimator is `fn(rewards, group_ids, cfg) -> advantages`: rewards float64 [N] (finite), group_ids
+# long [N] (0..G-1), cfg the AlgorithmConfig; it returns one advantage per trajectory, [N].
+
+
+@registry.register("advantage", "grpo")
+def _grpo(rewards: torch.Tensor, group_ids: torch.Tensor, cfg: Any) -> torch.Tensor:
+    return grpo_advantages(rewards, group_ids, norm_by_std=getattr(cfg, "norm_adv_by_std", True))
+
+
+@registry.register("advantage", "drgrpo")
+def _drgrpo(rewards: torch.Tensor, group_ids: torch.Tensor, cfg: Any) -> torch.Tensor:
+    return grpo_advantages(rewards, group_ids, norm_by_std=False)
+
+
+@registry.register("advantage", "rloo")
+def _rloo(rewards: torch.Tensor, group_ids: torch.Tensor, cfg: Any) -> torch.Tensor:
+    return rloo_advantages(rewards, group_ids)
+
+
+@registry.register("advantage", "reinforce_pp")
+def _reinforce_pp(rewards: torch.Tensor, group_ids: torch.Tensor, cfg: Any) -> torch.Tensor:
+    return reinforce_pp_advantages(rewards, group_ids)
+
+
+def compute_advantages(estimator: str, rewards, group_ids, cfg: Any = None) -> torch.Tensor:
+    """The registered estimator `estimator` (algorithm.adv_estimator) on these rewards: float32 [N].
+
+    A plugin's answer is checked: one finite value per trajectory, else a ValueError naming the plugin."""
+    r, g = _as_inputs(rewards, group_ids)
+    try:
+        fn = registry.get("advantage", estimator)
+    except registry.PluginError as e:
+        raise ValueError(f"algorithm.adv_estimator={estimator!r}: {e}") from None
+    out = torch.as_tensor(fn(r, g, cfg)).flatten()
+    if out.shape != r.shape:
+        raise ValueError(f"advantage estimator {estimator!r} returned {out.numel()} values for {r.numel()} "
+                         "trajectories (one advantage per trajectory is the contract)")
+    if not torch.isfinite(out).all():
+        raise ValueError(f"advantage estimator {estimator!r} returned non-finite advantages: {out.tolist()[:8]}")
+    return out.float()

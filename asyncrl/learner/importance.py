@@ -11,7 +11,8 @@ Per token t of sequence b, with the log ratio  d_bt = log p_prox(y_bt) - log p_b
                    and every token of b carries w_b.
 
 Truncation: w = exp(min(log w, log threshold)) = min(w, threshold), computed in log space so an
-extreme ratio never overflows. Rejection (optional): a token (token level) or a whole sequence
+extreme ratio never overflows; threshold None truncates nothing (masking alone, as IcePop: Ling team,
+2025, masks tokens whose train/inference ratio leaves [0.5, 5]: is_reject_low=0.5, is_reject_high=5). Rejection (optional): a token (token level) or a whole sequence
 (sequence level) whose UNtruncated w is below `reject_low` or above `reject_high` gets keep = 0.
 
 Diagnostics, over the masked tokens (token level) or over the sequences with at least one masked
@@ -43,7 +44,7 @@ def importance_weights(
     mask: torch.Tensor,
     *,
     level: str = "token",
-    threshold: float = 2.0,
+    threshold: float | None = 2.0,
     reject_low: float | None = None,
     reject_high: float | None = None,
     seq_mode: str = "sum",
@@ -54,8 +55,8 @@ def importance_weights(
     detached: the weight is a constant of the loss, never differentiated.
     """
     _check_shapes("importance_weights", prox_logp=prox_logp, behav_logp=behav_logp, mask=mask)
-    if threshold <= 0:
-        raise ValueError(f"importance threshold must be > 0, got {threshold}")
+    if threshold is not None and not threshold > 0:
+        raise ValueError(f"importance threshold must be > 0 (or None: no truncation), got {threshold}")
     if level not in ("token", "sequence"):
         raise ValueError(f"algorithm.is_level={level!r} is not one of token, sequence")
     if seq_mode not in ("sum", "mean"):
@@ -74,7 +75,7 @@ def importance_weights(
         unit_mask = m.any(-1)
         log_w_units = log_w_seq
     log_w = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    log_thr = math.log(threshold)
+    log_thr = math.log(threshold) if threshold is not None else LOG_RATIO_CLAMP
     w = torch.where(m, torch.exp(log_w.clamp(max=log_thr)), torch.zeros_like(mf))
     keep = m.clone()
     if reject_low is not None:

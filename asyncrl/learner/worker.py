@@ -40,11 +40,11 @@ import torch.distributed as dist
 
 from asyncrl.config import Config
 from asyncrl.learner import checkpoint as ckpt
-from asyncrl.learner.advantages import compute_advantages, group_index
+from asyncrl.learner.advantages import compute_advantages, group_index, turn_credit_advantages
 from asyncrl.learner.distributed import init_distributed
 from asyncrl.learner.importance import importance_weights
 from asyncrl.learner.logprobs import effective_temperature, logprobs_and_entropy
-from asyncrl.learner.losses import policy_loss
+from asyncrl.learner.losses import check_off_policy_correction, policy_loss, resolve_loss
 from asyncrl.learner.packing import (
     MicroBatch,
     SeqSpec,
@@ -85,12 +85,25 @@ def _pad_stack(rows: list[torch.Tensor], width: int, dtype: torch.dtype) -> torc
     return out
 
 
+def placed_rewards(t: Any) -> list[tuple[int, float]]:
+    """A trajectory's turn and tool rewards with their response positions (-1: unplaced)."""
+    out = []
+    for rewards, positions in ((t.turn_rewards, t.turn_reward_positions), (t.tool_rewards, t.tool_reward_positions)):
+        out += list(zip(positions or [-1] * len(rewards), rewards))
+    return out
+
+
 class LearnerWorker:
     def __init__(self, cfg: Config, rank: int = 0, world_size: int = 1):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} is outside world_size={world_size}")
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.algo = cfg.algorithm
+        loss = resolve_loss(self.algo.loss)  # built-ins, and the config's plugins once the caller loaded them
+        refused = check_off_policy_correction(self.algo, loss)
+        if refused:
+            raise ValueError(refused)
+        self.loss_fn = lambda inputs: loss(inputs, self.algo)
         self.device = default_device()
         if self.device.startswith("cuda"):
             import os
@@ -217,8 +230,14 @@ class LearnerWorker:
             behav.append(torch.from_numpy(t.behavior_logprobs.numpy().astype(np.float32)))
             masks.append(m)
         n_traj = len(trajs)
-        adv = compute_advantages(a.adv_estimator, [t.reward for t in trajs],
-                                 group_index([t.group_id for t in trajs]), a.norm_adv_by_std)
+        if a.turn_credit:
+            adv, adv_tokens = turn_credit_advantages(
+                a.adv_estimator, [t.reward for t in trajs], group_index([t.group_id for t in trajs]),
+                [placed_rewards(t) for t in trajs], [len(m) for m in masks], a)
+        else:
+            adv = compute_advantages(a.adv_estimator, [t.reward for t in trajs],
+                                     group_index([t.group_id for t in trajs]), a)
+            adv_tokens = None
         minibatches = [list(c) for c in np.array_split(np.arange(n_traj), min(a.minibatches, n_traj))]
         local_all = [i for mb in minibatches for i in mb[self.rank :: self.world_size]]
 
@@ -243,7 +262,8 @@ class LearnerWorker:
         stepped = 0
         for _ in range(a.epochs):
             for mb_idx in minibatches:
-                step_sums, step_max, ct = self._minibatch_update(mb_idx, specs, behav, masks, adv, prox, ref)
+                step_sums, step_max, ct = self._minibatch_update(mb_idx, specs, behav, masks, adv_tokens or adv,
+                                                                 prox, ref)
                 sums += step_sums
                 ratio_max = torch.maximum(ratio_max, step_max)
                 compute_tokens += ct
@@ -313,10 +333,11 @@ class LearnerWorker:
 
             mask = stack([masks[i] for i in idx], torch.bool)
             logp, entropy = scatter_rows(logp_k, mb).float(), scatter_rows(ent_k, mb).float()
+            advantages = stack([adv[i] for i in idx]) if isinstance(adv, list) else adv[idx].to(self.device)
             loss, m = policy_loss(
-                logp, stack([behav[i] for i in idx]), adv[idx].to(self.device), mask,
+                logp, stack([behav[i] for i in idx]), advantages, mask,
                 prox_logp=stack([prox[i] for i in idx]) if prox is not None else None,
-                clip_low=a.clip_low, clip_high=a.clip_high, is_level=a.is_level, is_threshold=a.is_threshold,
+                loss_fn=self.loss_fn, is_level=a.is_level, is_threshold=a.is_threshold,
                 is_reject_low=a.is_reject_low, is_reject_high=a.is_reject_high, is_seq_mode=a.is_seq_mode,
                 ref_logp=stack([ref[i] for i in idx]) if ref is not None else None,
                 kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, entropy=entropy, entropy_coef=a.entropy_coef,

@@ -61,6 +61,10 @@ async def test_two_call_episode_token_by_token(tokenizer):
     assert reward.calls == [dict(final_text="The result is 17.\nAnswer: 17", ground_truth="17", extra_info={},
                                  tool_rewards=[0.0, 0.0], turn_rewards=[])]
     assert traj.reward == 1.0 and traj.metrics["reward/length"] == len("The result is 17.\nAnswer: 17")
+    # each call's reward is placed at the last generated token of the turn that made it (its <|im_end|>)
+    assert traj.tool_rewards == [0.0, 0.0]
+    assert traj.tool_reward_positions == [len(g[0]) - 1, len(g[0]) + len(d1) + len(g[1]) - 1]
+    assert traj.turn_rewards == [] and traj.turn_reward_positions == []
 
 
 async def test_two_calls_in_one_turn_run_in_order(tokenizer):
@@ -85,6 +89,7 @@ async def test_interaction_retry_then_right(tokenizer):
     assert traj.response_ids.numpy().tolist() == g[0] + d + g[1]
     assert traj.loss_mask.numpy().tolist() == [1] * len(g[0]) + [0] * len(d) + [1] * len(g[1])
     assert traj.turn_rewards == [0.0, 1.0]
+    assert traj.turn_reward_positions == [len(g[0]) - 1, len(g[0]) + len(d) + len(g[1]) - 1]
     assert reward.calls[0]["turn_rewards"] == [0.0, 1.0]
     assert traj.finish_reason == "stop" and traj.num_turns == 3 and traj.metrics["user_turns"] == 1
     assert traj.messages[-2] == {"role": "user", "content": feedback}
