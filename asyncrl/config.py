@@ -221,9 +221,33 @@ class EnvConfig:
 
 
 @dataclass
+class CriticConfig:
+    """The value model of adv_estimator=gae (PPO): colocated with the policy on the learner ranks."""
+
+    path: Optional[str] = None  # a causal-LM checkpoint whose trunk starts the critic (null: the policy's model)
+    lr: float = 1e-5
+    cliprange_value: float = 0.5  # clipped value loss: new values kept within this of the step's old values
+    warmup_steps: int = 0  # steps that train only the critic (the policy is not updated, its version kept)
+    gamma: float = 1.0  # GAE discount over generated tokens
+    lam: float = 0.95  # GAE lambda
+    whiten_advantages: bool = True  # GAE advantages whitened over the batch's generated tokens
+
+    def __post_init__(self) -> None:
+        _positive(self, "algorithm.critic", "lr")
+        _check(math.isfinite(self.cliprange_value) and self.cliprange_value > 0, "algorithm.critic.cliprange_value",
+               f"must be > 0, got {self.cliprange_value}")
+        _at_least(self, "algorithm.critic", 0, "warmup_steps")
+        for name in ("gamma", "lam"):
+            v = getattr(self, name)
+            _check(0 <= v <= 1, f"algorithm.critic.{name}", f"must be in [0, 1], got {v}")
+
+
+@dataclass
 class AlgorithmConfig:
-    # how rewards become advantages: grpo | drgrpo | rloo | reinforce_pp, or a registered "advantage" plugin
+    # how rewards become advantages: grpo | drgrpo | rloo | reinforce_pp, or a registered "advantage" plugin;
+    # gae: PPO with a critic (algorithm.critic), per-token GAE over the generated tokens
     adv_estimator: str = "grpo"
+    critic: CriticConfig = field(default_factory=CriticConfig)
     # per-turn credit: turn and tool rewards join the final reward where they arose, and each token's
     # advantage counts only the rewards from its turn on (asyncrl/learner/advantages.py); built-in estimators
     turn_credit: bool = False
@@ -270,7 +294,8 @@ class AlgorithmConfig:
         _check(self.n_samples >= 1, "algorithm.n_samples", f"must be >= 1, got {self.n_samples}")
         _check(not self.turn_credit or self.adv_estimator in ("grpo", "drgrpo", "rloo", "reinforce_pp"),
                "algorithm.turn_credit", "works with the built-in estimators grpo, drgrpo, rloo, reinforce_pp "
-               f"(their per-token form is documented), not adv_estimator={self.adv_estimator!r}")
+               "(their per-token form is documented; gae always places turn and tool rewards), not "
+               f"adv_estimator={self.adv_estimator!r}")
         _check(self.n_samples >= 2 or self.adv_estimator not in GROUP_ESTIMATORS, "algorithm.n_samples",
                f"must be >= 2 with adv_estimator={self.adv_estimator} (its baseline is the group of samples "
                f"of one prompt; a group of 1 has advantage 0 and learns nothing), got {self.n_samples}")

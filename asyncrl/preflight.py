@@ -144,7 +144,8 @@ def check_names(cfg: Config) -> list[str]:
         problems.attempt("agent.tool_parser", lambda: registry.get("tool_parser", cfg.agent.tool_parser))
     for i, spec in enumerate(cfg.env.interactions):
         problems.attempt(f"env.interactions[{i}] ({spec.name!r})", lambda spec=spec: interaction_class(spec.name, [spec]))
-    problems.attempt("algorithm.adv_estimator", lambda: registry.get("advantage", cfg.algorithm.adv_estimator))
+    if cfg.algorithm.adv_estimator != "gae":  # gae is the critic's (asyncrl/learner/critic.py), not a plugin
+        problems.attempt("algorithm.adv_estimator", lambda: registry.get("advantage", cfg.algorithm.adv_estimator))
     loss = problems.attempt("algorithm.loss", lambda: registry.get("loss", cfg.algorithm.loss))
     if loss is not None:
         refused = check_off_policy_correction(cfg.algorithm, loss)

@@ -9,6 +9,10 @@ The two run interleaved for `--rounds` rounds (asyncrl/bench/rounds.py). Reporte
 seconds with its spread, real tokens per second at the median, ratio_packed_over_padded = the ratio of
 median times, and ratio_cpu_time, the same ratio in median process CPU time (robust to other processes
 sharing the CPU). A short warm-up step runs first.
+
+With `--critic`, a third side: the same packed step of PPO (adv_estimator=gae: the critic's value forward,
+GAE, the policy update, the critic's update) on a second worker, and ratio_ppo_over_grpo = its median
+time over the packed GRPO step's: what the critic costs.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import numpy as np
 import torch
 
 from asyncrl.bench.rounds import MIN_ROUNDS, interleave, ratio, summary
-from asyncrl.config import AlgorithmConfig, Config, ModelConfig
+from asyncrl.config import AlgorithmConfig, Config, CriticConfig, ModelConfig
 from asyncrl.learner.worker import LearnerWorker
 from asyncrl.schema import Batch, Group, make_trajectory
 
@@ -36,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="interleaved rounds; medians are reported")
+    parser.add_argument("--critic", action="store_true", help="add PPO with a critic as a third side")
 
 
 def lengths_long_tailed(n: int, lo: int, hi: int, seed: int) -> list[int]:
@@ -73,22 +78,35 @@ def run(args: argparse.Namespace) -> dict:
     out: dict = {"model": str(worker.model.config.name_or_path).split("/")[-1], "lengths": lengths,
                  "real_tokens": sum(lengths), "budget": args.budget, "decoupled": args.decoupled,
                  "threads": torch.get_num_threads()}
-    def step(packing: bool) -> tuple[float, float, int]:
-        worker.algo.packing = packing
+    workers = {"padded": worker, "packed": worker}
+    if args.critic:
+        workers["ppo"] = LearnerWorker(Config(model=cfg.model, algorithm=AlgorithmConfig(
+            lr=1e-7, micro_batch_tokens=args.budget, decoupled=args.decoupled, adv_estimator="gae",
+            critic=CriticConfig(lr=1e-7))))
+        workers["ppo"].train_step(make_batch([args.min_len, args.min_len], vocab, args.seed + 7))  # warm-up
+
+    def step(w: LearnerWorker, packing: bool) -> tuple[float, float, int]:
+        w.algo.packing = packing
         t0, c0 = time.perf_counter(), time.process_time()
-        m = worker.train_step(batch)
+        m = w.train_step(batch)
         return time.perf_counter() - t0, time.process_time() - c0, int(m["learner/compute_tokens_rank"])
 
-    runs: dict[str, list[tuple[float, float, int]]] = {"padded": [], "packed": []}
+    runs: dict[str, list[tuple[float, float, int]]] = {name: [] for name in workers}
 
     def side(name: str, packing: bool):
         def one() -> float:
-            runs[name].append(step(packing))
+            runs[name].append(step(workers[name], packing))
             return runs[name][-1][0]
         return one
 
-    seconds = interleave({"padded": side("padded", False), "packed": side("packed", True)}, args.rounds)
+    sides = {"padded": side("padded", False), "packed": side("packed", True)}
+    if args.critic:
+        sides["ppo"] = side("ppo", True)
+    seconds = interleave(sides, args.rounds)
     out["rounds"] = args.rounds
+    if args.critic:
+        out.update(summary("ppo_seconds", seconds["ppo"]))
+        out["ratio_ppo_over_grpo"] = ratio(seconds["ppo"], seconds["packed"])
     for name in ("padded", "packed"):
         out.update(summary(f"{name}_seconds", seconds[name]))
         out[f"{name}_cpu_seconds"] = round(statistics.median(r[1] for r in runs[name]), 2)

@@ -15,6 +15,9 @@ Public math (torch tensors; masks are float/bool [B, T]; formulas in each functi
               ppo_clip_terms(logp, anchor_logp, advantages, clip_low, clip_high)
               kl_penalty(logp, ref_logp, estimator)                      k1 | k3
               aggregate(values, mask, mode, num_tokens=, num_seqs=, max_response_tokens=)
+  gae         place_rewards(length, mask, final_reward, placed), gae(rewards, values, mask, gamma, lam),
+              whiten(values, masks), value_loss(values, old_values, returns, mask, cliprange)
+              (the critic itself: asyncrl.learner.critic, imported lazily with the worker)
   logprobs    token_logprobs(logits, token_ids, temperature)             the engine's definition
               logprobs_and_entropy(logits, token_ids, temperature)
   packing     plan_micro_batches(lengths, token_budget, packing), build_micro_batch(seqs, index, packing)

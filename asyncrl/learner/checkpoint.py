@@ -122,8 +122,11 @@ def _write(path: Path, obj: Any) -> None:
 
 
 def save(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
-         meta: dict[str, Any], config: dict | None = None) -> Path:
-    """Collective: every rank calls it. Writes model + optimizer (DCP), per-rank RNG, and `meta` (rank 0)."""
+         meta: dict[str, Any], config: dict | None = None,
+         modules: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None) -> Path:
+    """Collective: every rank calls it. Writes model + optimizer (DCP), per-rank RNG, and `meta` (rank 0);
+    `modules` (e.g. {"critic": (model, optimizer)}) go into the same DCP save under their names, so they
+    are committed by the same marker and rename as the policy."""
     final = Path(path)
     tmp = final.with_name(final.name + ".tmp")
     rank = _rank()
@@ -132,8 +135,11 @@ def save(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
         tmp.mkdir(parents=True)
     _barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    for name, (m, o) in (modules or {}).items():
+        state[name], state[f"{name}_optim"] = get_state_dict(m, o)
     with _quiet():
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
+        dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
     _write(tmp / f"rng_rank{rank}.pt", rng_state())
     _barrier()
     if rank == 0:
@@ -173,8 +179,10 @@ def read_config(path: str | os.PathLike) -> dict:
     return json.loads(p.read_text())
 
 
-def load(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
-    """Collective: load model (+ optimizer, + this rank's RNG) in place; returns the saved `meta`."""
+def load(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+         modules: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None) -> dict[str, Any]:
+    """Collective: load model (+ optimizer, + `modules`, + this rank's RNG) in place; returns the saved `meta`.
+    A checkpoint that lacks one of `modules` (saved by a run without a critic) is a CheckpointError."""
     p = check_complete(path)
     if optimizer is not None:
         model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -183,8 +191,18 @@ def load(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         state = {"model": get_model_state_dict(model)}
+    for name, (m, o) in (modules or {}).items():
+        state[name], state[f"{name}_optim"] = get_state_dict(m, o)
+    if modules:
+        saved = dcp.FileSystemReader(str(p)).read_metadata().state_dict_metadata
+        for name in modules:
+            if not any(k.startswith(f"{name}.") for k in saved):
+                raise CheckpointError(f"checkpoint {p} holds no {name} state (saved by a run without one); "
+                                      f"resume it with the same algorithm, or start afresh")
     with _quiet():
         dcp.load(state, checkpoint_id=str(p), no_dist=not dist.is_initialized())
+    for name, (m, o) in (modules or {}).items():
+        set_state_dict(m, o, model_state_dict=state[name], optim_state_dict=state[f"{name}_optim"])
     if optimizer is not None:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     else:

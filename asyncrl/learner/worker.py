@@ -41,7 +41,9 @@ import torch.distributed as dist
 from asyncrl.config import Config
 from asyncrl.learner import checkpoint as ckpt
 from asyncrl.learner.advantages import compute_advantages, group_index, turn_credit_advantages
+from asyncrl.learner.critic import Critic
 from asyncrl.learner.distributed import init_distributed
+from asyncrl.learner.gae import gae, place_rewards, whiten
 from asyncrl.learner.importance import importance_weights
 from asyncrl.learner.logprobs import effective_temperature, logprobs_and_entropy
 from asyncrl.learner.losses import check_off_policy_correction, policy_loss, resolve_loss
@@ -117,6 +119,7 @@ class LearnerWorker:
         master_dtype = "float32" if cfg.model.dtype == "auto" else cfg.model.dtype
         self.model = self._build(master_dtype, trainable=True)
         self.ref_model = self._build(master_dtype, trainable=False) if self.algo.kl_coef > 0 else None
+        self.critic = Critic(self) if self.algo.adv_estimator == "gae" else None
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=self.algo.lr,
             betas=tuple(self.algo.betas), weight_decay=self.algo.weight_decay,
@@ -143,19 +146,24 @@ class LearnerWorker:
         else:
             model.eval()
             model.requires_grad_(False)
-        if self.world_size > 1:
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-            mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-                  if self.device.startswith("cuda") else MixedPrecisionPolicy())
-            block_names = set(getattr(model, "_no_split_modules", None) or [])
-            blocks = [m for m in model.modules() if type(m).__name__ in block_names]
-            if not blocks:
-                raise RuntimeError(f"{type(model).__name__}: no decoder blocks found to shard (_no_split_modules={block_names})")
-            for block in blocks:
-                fully_shard(block, mp_policy=mp)
-            fully_shard(model, mp_policy=mp)
+        self.shard(model)
         return model
+
+    def shard(self, model: torch.nn.Module) -> None:
+        """FSDP2 over the learner's ranks (each decoder block, then the whole); nothing with one rank."""
+        if self.world_size == 1:
+            return
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if self.device.startswith("cuda") else MixedPrecisionPolicy())
+        block_names = set(getattr(model, "_no_split_modules", None) or [])
+        blocks = [m for m in model.modules() if type(m).__name__ in block_names]
+        if not blocks:
+            raise RuntimeError(f"{type(model).__name__}: no decoder blocks found to shard (_no_split_modules={block_names})")
+        for block in blocks:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
 
     def _autocast(self):
         if self.device.startswith("cuda") and self.world_size == 1:
@@ -230,7 +238,12 @@ class LearnerWorker:
             behav.append(torch.from_numpy(t.behavior_logprobs.numpy().astype(np.float32)))
             masks.append(m)
         n_traj = len(trajs)
-        if a.turn_credit:
+        minibatches = [list(c) for c in np.array_split(np.arange(n_traj), min(a.minibatches, n_traj))]
+        local_all = [i for mb in minibatches for i in mb[self.rank :: self.world_size]]
+        metrics: dict[str, float] = {}
+        if self.critic is not None:
+            adv, adv_tokens, returns, old_values = self._gae(trajs, specs, masks, local_all, metrics)
+        elif a.turn_credit:
             adv, adv_tokens = turn_credit_advantages(
                 a.adv_estimator, [t.reward for t in trajs], group_index([t.group_id for t in trajs]),
                 [placed_rewards(t) for t in trajs], [len(m) for m in masks], a)
@@ -238,12 +251,9 @@ class LearnerWorker:
             adv = compute_advantages(a.adv_estimator, [t.reward for t in trajs],
                                      group_index([t.group_id for t in trajs]), a)
             adv_tokens = None
-        minibatches = [list(c) for c in np.array_split(np.arange(n_traj), min(a.minibatches, n_traj))]
-        local_all = [i for mb in minibatches for i in mb[self.rank :: self.world_size]]
 
         prox = self._score(self.model, specs, local_all) if a.decoupled else None
         ref = self._score(self.ref_model, specs, local_all) if self.ref_model is not None else None
-        metrics: dict[str, float] = {}
         if prox is not None:
             full = self._all_gather_dict(prox)
             width = max(m.numel() for m in masks)
@@ -260,7 +270,8 @@ class LearnerWorker:
         lrs = []
         compute_tokens = 0
         stepped = 0
-        for _ in range(a.epochs):
+        update_policy = self.critic is None or self.critic.steps >= a.critic.warmup_steps
+        for _ in range(a.epochs if update_policy else 0):
             for mb_idx in minibatches:
                 step_sums, step_max, ct = self._minibatch_update(mb_idx, specs, behav, masks, adv_tokens or adv,
                                                                  prox, ref)
@@ -274,7 +285,10 @@ class LearnerWorker:
                     stepped += 1
         if stepped:
             self.version = max(self.version, self.highest_published) + 1
-        n_steps = a.epochs * len(minibatches)
+        if self.critic is not None:
+            metrics.update(self.critic.update(minibatches, specs, masks, returns, old_values))
+            metrics["critic/policy_updated"] = float(update_policy)
+        n_steps = max(a.epochs * len(minibatches) if update_policy else 0, 1)
         tokens = float(sum(int(m.sum()) for m in masks))
         seconds = time.perf_counter() - t0
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
@@ -288,7 +302,7 @@ class LearnerWorker:
             "learner/ratio_max": float(ratio_max),
             "learner/grad_norm": float(sums[7]) / max(stepped, 1),
             "learner/skipped_steps_nonfinite": float(self.skipped_nonfinite),
-            "learner/lr": lrs[-1],
+            "learner/lr": lrs[-1] if lrs else self.optimizer.param_groups[0]["lr"],
             "learner/adv_mean": float(adv.mean()), "learner/adv_std": float(adv.std()) if n_traj > 1 else 0.0,
             "learner/adv_min": float(adv.min()), "learner/adv_max": float(adv.max()),
             "learner/adv_zero_frac": float((adv == 0).float().mean()),
@@ -302,6 +316,32 @@ class LearnerWorker:
             "learner/version": float(self.version),
         })
         return metrics
+
+    def _gae(self, trajs, specs, masks, local_all, metrics):
+        """Critic values (this critic version), placed rewards -> GAE advantages and value targets per token.
+        Returns (per-trajectory mean advantage [N] for metrics, per-token advantages, returns, old values)."""
+        c = self.algo.critic
+        t0 = time.perf_counter()
+        vals = self._all_gather_dict(self.critic.values(specs, local_all))
+        old_values = [vals[i] for i in range(len(trajs))]
+        adv_tokens, returns = [], []
+        for t, m, v in zip(trajs, masks, old_values):
+            a_t, r_t = gae(place_rewards(m.numel(), m, t.reward, placed_rewards(t)), v, m, c.gamma, c.lam)
+            adv_tokens.append(a_t)
+            returns.append(r_t)
+        if c.whiten_advantages:
+            adv_tokens = whiten(adv_tokens, masks)
+        flat_r = torch.cat([r[m] for r, m in zip(returns, masks)]).double()
+        flat_v = torch.cat([v[m] for v, m in zip(old_values, masks)]).double()
+        var_r = float(flat_r.var()) if flat_r.numel() > 1 else 0.0
+        metrics.update({
+            "critic/values_mean": float(flat_v.mean()) if flat_v.numel() else 0.0,
+            "critic/returns_mean": float(flat_r.mean()) if flat_r.numel() else 0.0,
+            "critic/explained_var": 1.0 - float((flat_r - flat_v).var()) / var_r if var_r > 0 else 0.0,
+            "critic/values_seconds": time.perf_counter() - t0,
+        })
+        adv = torch.stack([a[m].mean() if m.any() else torch.zeros(()) for a, m in zip(adv_tokens, masks)])
+        return adv.float(), adv_tokens, returns, old_values
 
     def _minibatch_update(self, mb_idx, specs, behav, masks, adv, prox, ref):
         """Forward/backward all micro-batches of this rank's share of one minibatch (gradients accumulate)."""
@@ -386,13 +426,21 @@ class LearnerWorker:
         """Collective. Model, optimizer, scheduler, RNG, step, version and `extra`, written atomically."""
         meta = {"version": self.version, "optimizer_steps": self.optimizer_steps, "world_size": self.world_size,
                 "scheduler": self.scheduler.state_dict(), "extra": dict(extra)}
-        ckpt.save(path, self.model, self.optimizer, meta=meta, config=shown_config(self.cfg))
+        if self.critic is not None:
+            meta["critic_steps"] = self.critic.steps
+        ckpt.save(path, self.model, self.optimizer, meta=meta, config=shown_config(self.cfg), modules=self._modules())
+
+    def _modules(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        """What a checkpoint holds beside the policy: the critic and its optimizer, when there is one."""
+        return {"critic": (self.critic.model, self.critic.optimizer)} if self.critic is not None else {}
 
     def load_checkpoint(self, path: str, highest_published: int = 0) -> dict:
         """Collective. Restores everything `save_checkpoint` wrote; returns its `extra`. The restored weights keep
         the checkpoint's version (the run published exactly these weights under it); the next trained ones
         are numbered above `highest_published`, the highest version the run ever published."""
-        meta = ckpt.load(path, self.model, self.optimizer)
+        meta = ckpt.load(path, self.model, self.optimizer, modules=self._modules())
+        if self.critic is not None:
+            self.critic.steps = int(meta.get("critic_steps", 0))
         self.scheduler.load_state_dict(meta["scheduler"])
         self.version = int(meta["version"])
         self.highest_published = int(highest_published)

@@ -15,22 +15,31 @@ from tests.e2e.test_train import _overrides
 pytestmark = [pytest.mark.timeout(420)]
 
 
-def test_a_two_point_sweep_runs_both_in_their_own_dirs_and_summarizes(tiny_model_dir, tmp_path):
+def test_a_two_point_sweep_over_the_algorithm_group_runs_grpo_and_ppo_in_their_own_dirs_and_summarizes(
+        tiny_model_dir, tmp_path):
+    """A sweep over a config group: one GRPO run and one PPO run (adv_estimator=gae, its critic on the
+    learner rank), each trained end to end in its own dir; the PPO run logs its critic's metrics."""
     base = [o for o in _overrides(tiny_model_dir, tmp_path / "unused", **{"trainer.total_steps": 1})
             if not o.startswith("trainer.output_dir=")]
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "asyncrl.cli", "train", "-m", f"hydra.sweep.dir={sweep}", *base, "seed=1,2"]
+    cmd = [sys.executable, "-m", "asyncrl.cli", "train", "-m", f"hydra.sweep.dir={sweep}", "algorithm=grpo,ppo", *base]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     runs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
-    assert runs == ["0_seed=1", "1_seed=2"]
-    for name, seed in (("0_seed=1", 1), ("1_seed=2", 2)):
-        assert json.loads((sweep / name / "config.json").read_text())["seed"] == seed
+    assert runs == ["0_algorithm=grpo", "1_algorithm=ppo"]
+    for name, algo, estimator in (("0_algorithm=grpo", "grpo", "grpo"), ("1_algorithm=ppo", "ppo", "gae")):
+        assert json.loads((sweep / name / "config.json").read_text())["algorithm"]["adv_estimator"] == estimator
         assert json.loads((sweep / name / "summary.json").read_text())["exit_code"] == 0
-        assert yaml.safe_load((sweep / name / "overrides.yaml").read_text())[-2:] == [
-            f"seed={seed}", f"trainer.output_dir='{sweep / name}'"]
+        overrides = yaml.safe_load((sweep / name / "overrides.yaml").read_text())
+        assert (overrides[0], overrides[-1]) == (f"algorithm={algo}", f"trainer.output_dir='{sweep / name}'")
+    ppo = [json.loads(line) for line in (sweep / "1_algorithm=ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert any(m.get("critic/version") == 1 and m["critic/value_loss"] >= 0 for m in ppo), ppo[-1]
+    grpo = [json.loads(line) for line in (sweep / "0_algorithm=grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert not any(k.startswith("critic/") for m in grpo for k in m)
     summary = json.loads((sweep / "summary.json").read_text())
-    assert [(s["run"], s["exit_code"], s["steps_trained"]) for s in summary] == [("0_seed=1", 0, 1), ("1_seed=2", 0, 1)]
+    assert [(s["run"], s["exit_code"], s["steps_trained"]) for s in summary] == [
+        ("0_algorithm=grpo", 0, 1), ("1_algorithm=ppo", 0, 1)]
     assert all(isinstance(s["last_reward_mean"], float) for s in summary)
-    assert "| 0_seed=1 | 0 | 1 |" in (sweep / "summary.md").read_text() and "| 1_seed=2 | 0 | 1 |" in r.stdout
-    assert json.loads((sweep / "sweep.json").read_text())["runs"][1][-1] == "seed=2"
+    assert "| 0_algorithm=grpo | 0 | 1 |" in (sweep / "summary.md").read_text()
+    assert "| 1_algorithm=ppo | 0 | 1 |" in r.stdout
+    assert json.loads((sweep / "sweep.json").read_text())["runs"][1][0] == "algorithm=ppo"

@@ -26,3 +26,18 @@ def train_and_dump(rank: int, world_size: int, model_dir: str, out_dir: str) -> 
         worker.export_hf(str(out / f"hf_w{world_size}"))
     if rank == 0:
         torch.save({"metrics": metrics, "params": params}, out / f"result_w{world_size}.pt")
+
+
+def critic_train_and_dump(rank: int, world_size: int, model_dir: str, out_dir: str) -> None:
+    """One PPO (adv_estimator=gae) train_step; rank 0 dumps the metrics and the critic's full parameters."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from asyncrl.config import CriticConfig
+    from asyncrl.learner.worker import LearnerWorker
+
+    cfg = make_cfg(model_dir, **{**FSDP_ALGO, "adv_estimator": "gae", "critic": CriticConfig(lr=1e-3)})
+    worker = LearnerWorker(cfg, rank=rank, world_size=world_size)
+    metrics = worker.train_step(make_batch(**FSDP_BATCH))
+    critic = get_model_state_dict(worker.critic.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        torch.save({"metrics": metrics, "critic": critic}, Path(out_dir) / f"critic_w{world_size}.pt")

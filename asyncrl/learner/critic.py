@@ -1,0 +1,144 @@
+"""The critic of adv_estimator=gae (PPO): a value head on a transformers trunk, trained beside the policy.
+
+Placement: the critic lives on the learner's ranks (colocated, as verl's default), sharded by FSDP2 over
+the same process group, with its own AdamW. Its values for a batch come from the critic version that
+trains on that batch: `values` runs at the start of the learner's step, GAE (asyncrl/learner/gae.py)
+turns them and the placed rewards into advantages and value targets, the policy updates, then `update`
+fits the critic to the targets with the clipped value loss against those same old values. Stale
+trajectories are valued by today's critic, the same critic that then learns from them, so the critic
+needs no importance correction of its own; the policy's staleness is corrected as for every estimator.
+
+The model: the causal LM's trunk (`base_model`, without its lm_head) from `algorithm.critic.path`, or
+the policy's model when null, and a linear head hidden -> 1 initialised to zero (every value starts at
+0, so the first GAE advantages are the discounted rewards). The value at response position t is read
+from the hidden state of the position that predicts token t (the context before it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from asyncrl.learner.gae import value_loss
+from asyncrl.learner.packing import SeqSpec, build_micro_batch, plan_micro_batches, scatter_rows
+from asyncrl.models import load_model
+
+if TYPE_CHECKING:
+    from asyncrl.learner.worker import LearnerWorker
+
+
+class ValueModel(torch.nn.Module):
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.trunk = lm.base_model
+        self.value_head = torch.nn.Linear(lm.config.hidden_size, 1, dtype=next(lm.parameters()).dtype)
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+        self._no_split_modules = list(getattr(lm, "_no_split_modules", None) or [])
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: Any,
+                keep: torch.Tensor) -> torch.Tensor:
+        """Values [K] of the kept positions (row-major order of `keep`)."""
+        h = self.trunk(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                       use_cache=False).last_hidden_state
+        return self.value_head(h[keep]).squeeze(-1).float()
+
+
+class Critic:
+    """The critic's model, optimizer and step count on one learner rank (collective methods: every rank)."""
+
+    def __init__(self, worker: LearnerWorker):
+        self.w = worker
+        self.cfg = worker.algo.critic
+        model_cfg = worker.cfg.model if self.cfg.path is None else replace(worker.cfg.model, path=self.cfg.path)
+        lm = load_model(model_cfg, device=worker.device, dtype="float32" if worker.cfg.model.dtype == "auto"
+                        else worker.cfg.model.dtype)
+        self.model = ValueModel(lm).to(worker.device)
+        del lm
+        if worker.cfg.model.gradient_checkpointing:
+            self.model.trunk.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model.train()
+        worker.shard(self.model)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, betas=tuple(worker.algo.betas))
+        self.steps = 0  # critic updates taken (its version)
+
+    def _forward(self, specs: list[SeqSpec], idx: list[int]) -> tuple[torch.Tensor, Any]:
+        mb = build_micro_batch([specs[i] for i in idx], idx, self.w.algo.packing, self.w.pad_id)
+        d = self.w.device
+        v = self.model(mb.input_ids.to(d), mb.position_ids.to(d),
+                       None if mb.attention_mask is None else mb.attention_mask.to(d), mb.keep.to(d))
+        return scatter_rows(v, mb), mb
+
+    def _dummy(self, backward: bool) -> None:
+        ids = torch.tensor([[self.w.pad_id]], device=self.w.device)
+        keep = torch.ones_like(ids, dtype=torch.bool)
+        v = self.model(ids, torch.zeros_like(ids), None, keep)
+        if backward:
+            (v.sum() * 0.0).backward()
+
+    @torch.no_grad()
+    def values(self, specs: list[SeqSpec], local: list[int]) -> dict[int, torch.Tensor]:
+        """Values float32 [R] of the response positions of the sequences `local` (0 where loss_mask is 0)."""
+        plan = plan_micro_batches([specs[i].length for i in local], self.w.algo.micro_batch_tokens,
+                                  self.w.algo.packing)
+        out: dict[int, torch.Tensor] = {}
+        for k in range(self.w._max_over_ranks(len(plan))):
+            if k >= len(plan):
+                self._dummy(backward=False)
+                continue
+            idx = [local[j] for j in plan[k]]
+            vals, mb = self._forward(specs, idx)
+            for n, i in enumerate(idx):
+                m = specs[i].loss_mask
+                out[i] = torch.where(m, vals[n, : m.numel()].float().cpu(), torch.zeros(m.numel()))
+        return out
+
+    def update(self, minibatches: list[list[int]], specs: list[SeqSpec], masks: list[torch.Tensor],
+               returns: list[torch.Tensor], old_values: list[torch.Tensor]) -> dict[str, float]:
+        """One pass of clipped value-loss updates, one optimizer step per minibatch; the critic's metrics."""
+        w = self.w
+        sums = torch.zeros(4, dtype=torch.float64)  # loss, clip tokens, tokens, grad norm
+        for mb_idx in minibatches:
+            n_tok = float(sum(int(masks[i].sum()) for i in mb_idx))
+            local = mb_idx[w.rank :: w.world_size]
+            plan = plan_micro_batches([specs[i].length for i in local], w.algo.micro_batch_tokens, w.algo.packing)
+            self.optimizer.zero_grad(set_to_none=True)
+            for k in range(w._max_over_ranks(len(plan))):
+                if k >= len(plan):
+                    self._dummy(backward=True)
+                    continue
+                idx = [int(local[j]) for j in plan[k]]
+                vals, mb = self._forward(specs, idx)
+
+                def stack(xs: list[torch.Tensor], dt=torch.float32) -> torch.Tensor:
+                    out = torch.zeros((len(xs), mb.max_response), dtype=dt)
+                    for n, x in enumerate(xs):
+                        out[n, : x.numel()] = x.to(dt)
+                    return out.to(w.device)
+
+                mask = stack([masks[i] for i in idx], torch.bool)
+                loss, m = value_loss(vals.float(), stack([old_values[i] for i in idx]), stack([returns[i] for i in idx]),
+                                     mask, self.cfg.cliprange_value, num_tokens=n_tok)
+                (loss * w.world_size).backward()
+                local_n = float(mask.sum())
+                sums += torch.tensor([float(loss.detach()), m["vf_clip_frac"] * local_n, local_n, 0.0],
+                                     dtype=torch.float64)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                  w.algo.grad_clip if w.algo.grad_clip > 0 else float("inf"))
+            norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+            if np.isfinite(norm):
+                self.optimizer.step()
+                sums[3] += norm
+            else:
+                self.optimizer.zero_grad(set_to_none=True)
+        if w.world_size > 1:
+            dist.all_reduce(sums)
+        self.steps += 1
+        n = len(minibatches)
+        return {"critic/value_loss": float(sums[0]) / n, "critic/vf_clip_frac": float(sums[1] / max(sums[2], 1)),
+                "critic/grad_norm": float(sums[3]) / (n * (w.world_size if w.world_size > 1 else 1)),
+                "critic/version": float(self.steps)}
