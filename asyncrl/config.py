@@ -425,6 +425,49 @@ class BufferConfig:
 
 
 @dataclass
+class RewardModelConfig:
+    """A reward model scoring finished episodes on the rollout side, before they enter the buffer
+    (asyncrl/rollout/reward_model.py). reward = rule_weight * (the env's reward) + weight * (the model's)."""
+
+    kind: Literal["none", "discriminative", "generative"] = "none"
+    # discriminative: a sequence-classification checkpoint (one label: its logit is the score), on its own worker
+    path: Optional[str] = None
+    batch_size: int = 8  # discriminative: texts per forward (requests of all rollout workers are batched)
+    max_wait_ms: float = 20.0  # ... how long a partial batch waits for more requests
+    max_length: int = 2048  # ... tokens per text (longer texts keep their end)
+    # generative: a prompt sent to the run's engine; {prompt}, {response} and {ground_truth} are filled in
+    template: str = ("Rate the response to the request from 0 (wrong) to 9 (right).\nRequest: {prompt}\n"
+                     "Response: {response}\nReply with one digit.")
+    pattern: str = r"(\d+(?:\.\d+)?)"  # the first match's group 1 is the verdict
+    scale: float = 9.0  # verdict / scale is the score
+    max_new_tokens: int = 16
+    weight: float = 1.0
+    rule_weight: float = 1.0
+    on_failure: Literal["zero", "fail_episode"] = "zero"  # a verdict that cannot be had or parsed
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        _check(self.kind != "discriminative" or bool(self.path), "reward_model.path",
+               "a discriminative reward model needs the path of a sequence-classification checkpoint")
+        _at_least(self, "reward_model", 1, "batch_size", "max_length", "max_new_tokens")
+        for name in ("max_wait_ms", "weight", "rule_weight", "scale", "timeout_s"):
+            v = getattr(self, name)
+            _check(math.isfinite(v), f"reward_model.{name}", f"must be a finite number, got {v}")
+        _check(self.max_wait_ms >= 0 and self.timeout_s > 0 and self.scale != 0, "reward_model",
+               "max_wait_ms must be >= 0, timeout_s > 0, scale non-zero")
+        if self.kind == "generative":
+            import re
+
+            try:
+                groups = re.compile(self.pattern).groups
+            except re.error as e:
+                raise ConfigError(f"reward_model.pattern: not a regular expression ({e}): {self.pattern!r}") from None
+            _check(groups >= 1, "reward_model.pattern", f"needs a group for the verdict, got {self.pattern!r}")
+            for key in ("{response}",):
+                _check(key in self.template, "reward_model.template", f"must contain {key}")
+
+
+@dataclass
 class RayConfig:
     address: Optional[str] = None  # None: start a local instance; "auto": join a cluster
     num_cpus: Optional[int] = None
@@ -443,6 +486,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     plugins: list[str] = field(default_factory=list)  # module paths or .py files to import
     seed: int = 0
 

@@ -50,6 +50,7 @@ class Fleet:
         self.learners: Optional[LearnerGroup] = None
         self.supervisor: Optional[Supervisor] = None
         self.evaluator = None
+        self.reward_model = None  # the RewardModelActor (reward_model.kind=discriminative)
         self._evals: list[tuple[int, Any]] = []
         self._last_poll = (time.perf_counter(), 0)
         self._undelivered: list[str] = []  # dropped group ids whose worker did not answer yet
@@ -77,6 +78,11 @@ class Fleet:
                                                       cfg.trainer.learner_ranks)
         # the learner ranks set up while the engines start: the two are independent and each takes seconds
         self.learners = LearnerGroup(cfg, consumer, learner_threads)
+        if cfg.reward_model.kind == "discriminative":  # its own worker, shared by every rollout worker
+            from asyncrl.rollout.reward_model import reward_model_actor
+
+            self.reward_model = reward_model_actor().remote(cfg.reward_model)
+            ray.get(self.reward_model.ready.remote())
         if cfg.engine.urls:  # attached servers: not ours to launch or restart
             self.engine_urls = list(cfg.engine.urls)
         else:
@@ -109,7 +115,8 @@ class Fleet:
 
         return RolloutActor.remote(self.cfg, r, self.cfg.trainer.rollout_workers, self.engine_urls,
                                    self.buffer_producer, str(self.out), self.tool_overrides, self.rows,
-                                   position=position, version=version, run_id=self.run_id)
+                                   position=position, version=version, run_id=self.run_id,
+                                   reward_model=self.reward_model)
 
     def shutdown(self) -> None:
         workers = self.supervisor.workers if self.supervisor is not None else []
@@ -121,7 +128,7 @@ class Fleet:
             _quietly(lambda: ray.get(e.stop.remote(), timeout=STOP_TIMEOUT_S))
         if self.buffer is not None:
             _quietly(lambda: ray.get(self.buffer.stop.remote(), timeout=STOP_TIMEOUT_S))
-        for a in [*workers, *self.engines, self.buffer, self.evaluator]:
+        for a in [*workers, *self.engines, self.buffer, self.evaluator, self.reward_model]:
             if a is not None:
                 _quietly(lambda: ray.kill(a))
         if self.learners is not None:

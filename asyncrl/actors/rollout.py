@@ -16,9 +16,10 @@ from asyncrl.job_state import RolloutPosition, RolloutState
 class RolloutActor:
     def __init__(self, cfg: Config, worker_id: int, num_workers: int, engine_urls: list[str],
                  buffer: BufferEndpoint, output_dir: str, tool_overrides: dict, rows: list[dict[str, Any]],
-                 position: RolloutPosition, version: int, run_id: str):
+                 position: RolloutPosition, version: int, run_id: str, reward_model: Any = None):
         self.args = (cfg, worker_id, num_workers, engine_urls, buffer, output_dir, tool_overrides, rows)
         self.position, self.version, self.run_id = position, version, run_id
+        self.reward_model = reward_model  # the RewardModelActor's handle (reward_model.kind=discriminative)
         self.worker = None
         self.task: asyncio.Task | None = None
 
@@ -26,6 +27,7 @@ class RolloutActor:
         from asyncrl import registry
         from asyncrl.engine.client import EngineClient
         from asyncrl.models import load_tokenizer
+        from asyncrl.rollout.reward_model import ActorScorer
         from asyncrl.rollout.worker import RolloutWorker
 
         cfg, worker_id, num_workers, urls, buffer, output_dir, overrides, rows = self.args
@@ -35,6 +37,7 @@ class RolloutActor:
             cfg, worker_id=worker_id, num_workers=num_workers, rows=rows, engine=client,
             tokenizer=load_tokenizer(cfg.model), buffer_address=buffer, output_dir=output_dir,
             tool_overrides=overrides, position=self.position, version=self.version, run_id=self.run_id,
+            reward_scorer=None if self.reward_model is None else ActorScorer(self.reward_model),
         )
         self.task = asyncio.create_task(self.worker.run())  # re-issues the position's in-flight groups first
 

@@ -42,6 +42,7 @@ from asyncrl.group_ids import parse_group_id
 from asyncrl.job_state import EpisodeError, RolloutPosition, RolloutState
 from asyncrl.rollout.admission import StalenessGate
 from asyncrl.rollout.prompts import PromptDraw, PromptSource
+from asyncrl.rollout.reward_model import RewardModelError
 from asyncrl.schema import NonFiniteRewardError, Trajectory
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,10 @@ class RolloutWorker:
     def __init__(self, cfg: Config, *, worker_id: int, num_workers: int, rows: Dataset | list[dict[str, Any]],
                  engine: Generator, tokenizer: Any, buffer_address: str, output_dir: str | Path,
                  run_id: str, tool_overrides: dict | None = None, position: RolloutPosition | None = None,
-                 version: int = 0):
+                 version: int = 0, reward_scorer: Any = None):
+        """`reward_scorer`: the discriminative reward model (`async score_conversations(list of messages)
+        -> scores`: a SequenceScorer or the client of its actor), when
+        reward_model.kind=discriminative; a generative judge is built here on `engine`."""
         from asyncrl.agent_loop.base import AgentContext
         from asyncrl.buffer.client import AsyncBufferProducer
         from asyncrl.env_api import resolve_reward_fn
@@ -124,12 +128,14 @@ class RolloutWorker:
             tool_overrides=dict(tool_overrides or {}), interactions=list(cfg.env.interactions),
         )
         self.producer = AsyncBufferProducer(buffer_address)
+        self.reward_model = _reward_model(cfg, reward_scorer, self.engine, tokenizer)
         self._episodes = asyncio.Semaphore(cfg.trainer.episodes_per_worker)
         # position -> draw, for re-issue after a crash; a restarted worker's own start here, so that its
         # state() names them even before run() has re-issued them
         self.inflight: dict[int, PromptDraw] = {p: self.source.at(p, self.retries.get(p, 0))
                                                 for p in position.inflight_positions}
         self.counts = {"episodes": 0, "episode_errors": 0, "episodes_failed": 0, "reward_nonfinite": 0,
+                       "reward_model_failures": 0,
                        "groups_started": 0,
                        "groups_done": 0, "groups_dropped": 0, "prompts_reissued": 0, "reward_sum": 0.0}
         self.errors = ErrorTally()
@@ -276,11 +282,16 @@ class RolloutWorker:
                     log.warning("episode %s attempt %d failed: %r", sample.uid, attempt, e)
                     await asyncio.sleep(min(2.0 * attempt, 10.0))
             else:
-                self.counts["episodes_failed"] += 1
-                self.errors.add(error, sample.data_index)
-                self.recent_failed.append(True)
-                await self.producer.report_failed(sample.group_id, sample.group_size, 1)
+                await self._episode_failed(sample, error)
                 return
+            if self.reward_model is not None:
+                try:
+                    chains = await self.reward_model.apply(_prompt_text(sample), sample.ground_truth, chains)
+                except RewardModelError as e:  # on_failure=fail_episode: the episode is not retried
+                    await self._episode_failed(sample, e)
+                    return
+                finally:
+                    self.counts["reward_model_failures"] = self.reward_model.failures
         # put together (one coalesced request): the group waits for every chain of a split episode
         await asyncio.gather(*(self.producer.put(t) for t in chains))
         self.recent_failed.append(False)
@@ -288,6 +299,12 @@ class RolloutWorker:
         self.counts["reward_sum"] += chains[0].reward
         for t in chains:
             self._dump(t)
+
+    async def _episode_failed(self, sample: Sample, error: BaseException) -> None:
+        self.counts["episodes_failed"] += 1
+        self.errors.add(error, sample.data_index)
+        self.recent_failed.append(True)
+        await self.producer.report_failed(sample.group_id, sample.group_size, 1)
 
     def _dump(self, traj: Trajectory) -> None:
         frac = self.cfg.trainer.dump_trajectories
@@ -299,3 +316,21 @@ class RolloutWorker:
                "turn_rewards": traj.turn_rewards, "messages": traj.messages, "time": time.time()}
         with open(self._dump_path, "a") as f:
             f.write(json.dumps(rec, default=str) + "\n")
+
+
+def _prompt_text(sample: Sample) -> str:
+    """The request a judge reads: the row's last user message."""
+    return next((str(m.get("content") or "") for m in reversed(sample.messages) if m.get("role") == "user"), "")
+
+
+def _reward_model(cfg: Config, scorer: Any, engine: Any, tokenizer: Any) -> Any:
+    from asyncrl.rollout.reward_model import GenerativeJudge, RewardModel
+
+    rm = cfg.reward_model
+    if rm.kind == "none":
+        return None
+    if rm.kind == "generative":
+        return RewardModel(rm, judge=GenerativeJudge(rm, engine, tokenizer))
+    if scorer is None:
+        raise ValueError("reward_model.kind=discriminative: the rollout worker was given no reward-model scorer")
+    return RewardModel(rm, scorer=scorer)

@@ -18,9 +18,21 @@ pytestmark = [pytest.mark.timeout(420)]
 def test_a_two_point_sweep_over_the_algorithm_group_runs_grpo_and_ppo_in_their_own_dirs_and_summarizes(
         tiny_model_dir, tmp_path):
     """A sweep over a config group: one GRPO run and one PPO run (adv_estimator=gae, its critic on the
-    learner rank), each trained end to end in its own dir; the PPO run logs its critic's metrics."""
-    base = [o for o in _overrides(tiny_model_dir, tmp_path / "unused", **{"trainer.total_steps": 1})
-            if not o.startswith("trainer.output_dir=")]
+    learner rank), each trained end to end in its own dir with a discriminative reward model (a tiny
+    sequence-classification model built here, on its own Ray worker) scoring every episode before the
+    buffer; the PPO run logs its critic's metrics."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+
+    rm = tmp_path / "rm"
+    cfg = LlamaConfig.from_pretrained(tiny_model_dir)
+    cfg.num_labels = 1
+    torch.manual_seed(2)
+    LlamaForSequenceClassification(cfg).save_pretrained(rm)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(rm)
+    base = [o for o in _overrides(tiny_model_dir, tmp_path / "unused", **{
+        "trainer.total_steps": 1, "reward_model.kind": "discriminative", "reward_model.path": str(rm),
+        "reward_model.weight": 0.5, "trainer.dump_trajectories": 1.0}) if not o.startswith("trainer.output_dir=")]
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "asyncrl.cli", "train", "-m", f"hydra.sweep.dir={sweep}", "algorithm=grpo,ppo", *base]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -32,6 +44,12 @@ def test_a_two_point_sweep_over_the_algorithm_group_runs_grpo_and_ppo_in_their_o
         assert json.loads((sweep / name / "summary.json").read_text())["exit_code"] == 0
         overrides = yaml.safe_load((sweep / name / "overrides.yaml").read_text())
         assert (overrides[0], overrides[-1]) == (f"algorithm={algo}", f"trainer.output_dir='{sweep / name}'")
+    for name in runs:  # every episode went through the reward model, none failed
+        dumped = [json.loads(line) for f in sorted((sweep / name).glob("trajectories-w*.jsonl"))
+                  for line in f.read_text().splitlines()]
+        assert dumped and all(d["metrics"]["reward_model/failed"] == 0 for d in dumped), dumped[:1]
+        assert all(d["reward"] == pytest.approx(d["metrics"]["reward/rule"] + 0.5 * d["metrics"]["reward/model"],
+                                                abs=1e-5) for d in dumped)
     ppo = [json.loads(line) for line in (sweep / "1_algorithm=ppo" / "metrics.jsonl").read_text().splitlines()]
     assert any(m.get("critic/version") == 1 and m["critic/value_loss"] >= 0 for m in ppo), ppo[-1]
     grpo = [json.loads(line) for line in (sweep / "0_algorithm=grpo" / "metrics.jsonl").read_text().splitlines()]
