@@ -270,7 +270,8 @@ class AlgorithmConfig:
     # is refused unless this is set
     allow_uncorrected_off_policy: bool = False
     kl_coef: float = 0.0  # weight of the KL to the frozen initial policy (0: no reference model)
-    kl_estimator: Literal["k1", "k3"] = "k3"
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "k3"
+    kl_in_reward: bool = False  # the KL as a per-token reward penalty before GAE (adv_estimator=gae), not a loss term
     entropy_coef: float = 0.0
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_sum_norm"] = "token_mean"
     lr: float = 1e-6  # AdamW learning rate of the policy
@@ -319,6 +320,9 @@ class AlgorithmConfig:
         _positive(self, "algorithm", "grad_clip")
         _check(0 <= self.min_lr_ratio <= 1, "algorithm.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         _check(self.kl_coef >= 0 and self.weight_decay >= 0, "algorithm.kl_coef/weight_decay", "must be >= 0")
+        _check(not self.kl_in_reward or (self.adv_estimator == "gae" and self.kl_coef > 0), "algorithm.kl_in_reward",
+               "needs adv_estimator=gae (per-token rewards) and kl_coef > 0 (the penalty's weight), got "
+               f"adv_estimator={self.adv_estimator!r}, kl_coef={self.kl_coef}")
 
 
 @dataclass

@@ -36,8 +36,12 @@ A user loss is a function `loss(inputs: LossInputs, cfg: AlgorithmConfig) -> Pol
 to the anchor (the guardrail refuses stale data otherwise).
 
   KL to a reference policy (kl_coef > 0), samples from pi_theta, with x = ref_logp - logp:
-      k1 = -x = logp - ref_logp,        k3 = exp(x) - 1 - x   (non-negative, unbiased for KL(theta||ref))
+      k1 = -x = logp - ref_logp,  k2 = x^2 / 2,  k3 = exp(x) - 1 - x (non-negative, unbiased for
+      KL(theta||ref)),  low_var_kl = clamp(k3, -10, 10)                                 (`kl_penalty`)
   loss = agg(pg) + kl_coef * agg(kl) - entropy_coef * agg(entropy)
+  With algorithm.kl_in_reward (adv_estimator=gae) the KL is a reward instead: each generated token's
+  reward becomes r_t - kl_coef * kl_t before GAE (the reference's logprobs are taken once, before the
+  update), and the loss carries no KL term.
 
 Aggregation of a per-token tensor v over mask m (`aggregate`); the normalizers may be given for the
 whole minibatch so that summing the micro-batch losses (over ranks too) gives the minibatch loss exactly:
@@ -97,14 +101,23 @@ def aggregate(
     raise ValueError(f"algorithm.loss_agg={mode!r} is not one of {', '.join(AGG_MODES)}")
 
 
+KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
+
+
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token KL(pi_theta || pi_ref) estimate from samples of pi_theta: k1 = logp - ref, k3 = e^x - 1 - x."""
+    """Per-token KL(pi_theta || pi_ref) estimate from samples of pi_theta, x = ref_logp - logp:
+    k1 = -x (unbiased, high variance, can be negative), k2 = x^2 / 2 (biased, low variance),
+    k3 = e^x - 1 - x (unbiased, non-negative; Schulman 2020, "Approximating KL Divergence"),
+    low_var_kl = k3 clamped to [-10, 10] (verl's name for it)."""
     if estimator == "k1":
         return logp - ref_logp
-    if estimator == "k3":
+    if estimator == "k2":
+        return 0.5 * (logp - ref_logp) ** 2
+    if estimator in ("k3", "low_var_kl"):
         x = (ref_logp - logp).clamp(-PPO_LOG_RATIO_CLAMP, PPO_LOG_RATIO_CLAMP)
-        return torch.exp(x) - 1 - x
-    raise ValueError(f"algorithm.kl_estimator={estimator!r} is not one of k1, k3")
+        k3 = torch.exp(x) - 1 - x
+        return k3.clamp(-10.0, 10.0) if estimator == "low_var_kl" else k3
+    raise ValueError(f"algorithm.kl_estimator={estimator!r} is not one of {', '.join(KL_ESTIMATORS)}")
 
 
 @dataclass(frozen=True)

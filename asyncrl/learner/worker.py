@@ -46,7 +46,7 @@ from asyncrl.learner.distributed import init_distributed
 from asyncrl.learner.gae import gae, place_rewards, whiten
 from asyncrl.learner.importance import importance_weights
 from asyncrl.learner.logprobs import effective_temperature, logprobs_and_entropy
-from asyncrl.learner.losses import check_off_policy_correction, policy_loss, resolve_loss
+from asyncrl.learner.losses import check_off_policy_correction, kl_penalty, policy_loss, resolve_loss
 from asyncrl.learner.packing import (
     MicroBatch,
     SeqSpec,
@@ -241,8 +241,22 @@ class LearnerWorker:
         minibatches = [list(c) for c in np.array_split(np.arange(n_traj), min(a.minibatches, n_traj))]
         local_all = [i for mb in minibatches for i in mb[self.rank :: self.world_size]]
         metrics: dict[str, float] = {}
+        prox = self._score(self.model, specs, local_all) if a.decoupled else None
+        ref = None
+        if self.ref_model is not None:  # on the learner ranks, before any update: one forward, no transfer
+            t_ref = time.perf_counter()
+            ref = self._score(self.ref_model, specs, local_all)
+            metrics["learner/ref_seconds"] = time.perf_counter() - t_ref
+        kl_rewards = None
+        if a.kl_in_reward:
+            full_ref = self._all_gather_dict(ref)
+            policy = self._all_gather_dict(prox if prox is not None else self._score(self.model, specs, local_all))
+            kl_rewards = [torch.where(masks[i], kl_penalty(policy[i], full_ref[i], a.kl_estimator),
+                                      torch.zeros_like(policy[i])) for i in range(n_traj)]
+            n_tok = max(sum(int(m.sum()) for m in masks), 1)
+            metrics["learner/kl_reward"] = float(sum(float(k.sum()) for k in kl_rewards)) / n_tok
         if self.critic is not None:
-            adv, adv_tokens, returns, old_values = self._gae(trajs, specs, masks, local_all, metrics)
+            adv, adv_tokens, returns, old_values = self._gae(trajs, specs, masks, local_all, metrics, kl_rewards)
         elif a.turn_credit:
             adv, adv_tokens = turn_credit_advantages(
                 a.adv_estimator, [t.reward for t in trajs], group_index([t.group_id for t in trajs]),
@@ -252,8 +266,6 @@ class LearnerWorker:
                                      group_index([t.group_id for t in trajs]), a)
             adv_tokens = None
 
-        prox = self._score(self.model, specs, local_all) if a.decoupled else None
-        ref = self._score(self.ref_model, specs, local_all) if self.ref_model is not None else None
         if prox is not None:
             full = self._all_gather_dict(prox)
             width = max(m.numel() for m in masks)
@@ -317,7 +329,7 @@ class LearnerWorker:
         })
         return metrics
 
-    def _gae(self, trajs, specs, masks, local_all, metrics):
+    def _gae(self, trajs, specs, masks, local_all, metrics, kl_rewards=None):
         """Critic values (this critic version), placed rewards -> GAE advantages and value targets per token.
         Returns (per-trajectory mean advantage [N] for metrics, per-token advantages, returns, old values)."""
         c = self.algo.critic
@@ -325,8 +337,11 @@ class LearnerWorker:
         vals = self._all_gather_dict(self.critic.values(specs, local_all))
         old_values = [vals[i] for i in range(len(trajs))]
         adv_tokens, returns = [], []
-        for t, m, v in zip(trajs, masks, old_values):
-            a_t, r_t = gae(place_rewards(m.numel(), m, t.reward, placed_rewards(t)), v, m, c.gamma, c.lam)
+        for i, (t, m, v) in enumerate(zip(trajs, masks, old_values)):
+            rewards = place_rewards(m.numel(), m, t.reward, placed_rewards(t))
+            if kl_rewards is not None:
+                rewards = rewards - self.algo.kl_coef * kl_rewards[i].double()
+            a_t, r_t = gae(rewards, v, m, c.gamma, c.lam)
             adv_tokens.append(a_t)
             returns.append(r_t)
         if c.whiten_advantages:
@@ -379,8 +394,9 @@ class LearnerWorker:
                 prox_logp=stack([prox[i] for i in idx]) if prox is not None else None,
                 loss_fn=self.loss_fn, is_level=a.is_level, is_threshold=a.is_threshold,
                 is_reject_low=a.is_reject_low, is_reject_high=a.is_reject_high, is_seq_mode=a.is_seq_mode,
-                ref_logp=stack([ref[i] for i in idx]) if ref is not None else None,
-                kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, entropy=entropy, entropy_coef=a.entropy_coef,
+                ref_logp=stack([ref[i] for i in idx]) if ref is not None and not a.kl_in_reward else None,
+                kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_estimator=a.kl_estimator, entropy=entropy,
+                entropy_coef=a.entropy_coef,
                 agg=a.loss_agg, **counts,
             )
             (loss * self.world_size).backward()

@@ -151,3 +151,66 @@ def test_two_rank_critic_matches_one_rank(tiny_model_dir, tmp_path):
     for k, v in one["critic"].items():
         assert torch.allclose(two["critic"][k], v, rtol=0, atol=1e-5), (k, (two["critic"][k] - v).abs().max())
     assert not torch.equal(one["critic"]["value_head.weight"], torch.zeros_like(one["critic"]["value_head.weight"]))
+
+
+def test_kl_estimators_hand_values():
+    from asyncrl.learner.losses import kl_penalty
+
+    logp, ref = torch.tensor([-1.0, -2.0, 0.0]), torch.tensor([-1.5, -1.0, -30.0])
+    x = [-0.5, 1.0, -30.0]  # ref - logp (the last one clamped to -20 inside k3)
+    assert kl_penalty(logp, ref, "k1").tolist() == pytest.approx([0.5, -1.0, 30.0])
+    assert kl_penalty(logp, ref, "k2").tolist() == pytest.approx([0.125, 0.5, 450.0])
+    import math
+    k3 = [math.exp(v) - 1 - v for v in (-0.5, 1.0, -20.0)]
+    assert kl_penalty(logp, ref, "k3").tolist() == pytest.approx(k3)
+    assert kl_penalty(logp, ref, "low_var_kl").tolist() == pytest.approx(k3[:2] + [10.0])  # clamped at 10
+    assert x  # (documenting the inputs)
+    with pytest.raises(ValueError, match="low_var_kl"):
+        kl_penalty(logp, ref, "k4")
+
+
+def test_kl_in_reward_needs_gae_and_a_coefficient():
+    from asyncrl.config import AlgorithmConfig
+
+    with pytest.raises(ConfigError, match="algorithm.kl_in_reward"):
+        AlgorithmConfig(kl_in_reward=True, kl_coef=0.1)  # grpo has no per-token rewards
+    with pytest.raises(ConfigError, match="algorithm.kl_in_reward"):
+        AlgorithmConfig(kl_in_reward=True, adv_estimator="gae")  # kl_coef 0
+    assert AlgorithmConfig(kl_in_reward=True, adv_estimator="gae", kl_coef=0.1).kl_in_reward
+
+
+@pytest.mark.timeout(180)
+def test_kl_as_a_reward_penalty_enters_gae_not_the_loss(tiny_model_dir):
+    from asyncrl.learner.worker import LearnerWorker
+    from tests.learner.helpers import make_batch, make_cfg
+
+    worker = LearnerWorker(make_cfg(tiny_model_dir, adv_estimator="gae", kl_coef=0.5, kl_in_reward=True,
+                                    kl_estimator="k1", critic=CriticConfig(lr=1e-3, whiten_advantages=False)))
+    first = worker.train_step(make_batch(seed=6))
+    # step 1: the policy IS the reference: no penalty; the reference forward was timed
+    assert first["learner/kl_reward"] == 0.0 and first["learner/ref_seconds"] > 0 and first["learner/kl"] == 0.0
+    second = worker.train_step(make_batch(seed=6))
+    assert second["learner/kl_reward"] != 0.0 and second["learner/kl"] == 0.0  # in the reward, not the loss
+
+
+def test_the_kl_penalty_lowers_each_gae_return_by_the_penalty_to_go(tiny_model_dir):
+    """gamma = lambda = 1: a return is the reward-to-go whatever the values, so a penalty of 0.1 per generated
+    token at kl_coef 0.5 lowers token t's return by 0.05 x (generated tokens from t on)."""
+    from asyncrl.learner.packing import SeqSpec
+    from asyncrl.learner.worker import LearnerWorker
+    from tests.learner.helpers import make_batch, make_cfg
+
+    worker = LearnerWorker(make_cfg(tiny_model_dir, adv_estimator="gae", kl_coef=0.5, kl_in_reward=True,
+                                    critic=CriticConfig(gamma=1.0, lam=1.0, whiten_advantages=False)))
+    trajs = make_batch(seed=8).trajectories()
+    masks = [torch.from_numpy(t.loss_mask.numpy().astype(bool)) for t in trajs]
+    specs = [SeqSpec(torch.cat([torch.from_numpy(t.prompt_ids.numpy()), torch.from_numpy(t.response_ids.numpy())]).long(),
+                     len(t.prompt_ids), m) for t, m in zip(trajs, masks)]
+    local = list(range(len(trajs)))
+    penalty = [torch.where(m, torch.full((m.numel(),), 0.1), torch.zeros(m.numel())) for m in masks]
+    _, _, plain, _ = worker._gae(trajs, specs, masks, local, {}, None)
+    _, _, penalised, _ = worker._gae(trajs, specs, masks, local, {}, penalty)
+    for m, r0, r1 in zip(masks, plain, penalised):
+        to_go = torch.flip(torch.cumsum(torch.flip(m.double(), [0]), 0), [0])  # generated tokens from t on
+        want = torch.where(m, r0.double() - 0.05 * to_go, torch.zeros_like(to_go))
+        assert torch.allclose(r1.double(), want, atol=1e-5)
