@@ -291,6 +291,7 @@ def roll_up(states: list[RolloutState], last_poll: tuple[float, int], now: float
         "rollout/episode_errors": sum(s.episode_errors for s in states),
         "rollout/episodes_failed": sum(s.episodes_failed for s in states),
         "rollout/reward_nonfinite": sum(s.reward_nonfinite for s in states),
+        "rollout/reward_model_failures": sum(s.reward_model_failures for s in states),
         "rollout/groups_dropped": sum(s.groups_dropped for s in states),
         "rollout/prompts_reissued": sum(s.prompts_reissued for s in states),
         "rollout/prompts_skipped": sum(s.position.prompts_skipped for s in states),

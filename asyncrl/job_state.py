@@ -44,6 +44,7 @@ class RolloutState(msgspec.Struct, frozen=True, kw_only=True):
     episode_errors: int = 0
     episodes_failed: int = 0
     reward_nonfinite: int = 0  # episodes failed because the reward function gave NaN or inf
+    reward_model_failures: int = 0  # episodes the reward model gave no verdict for (asyncrl/rollout/reward_model.py)
     groups_started: int = 0
     groups_done: int = 0
     groups_dropped: int = 0  # drop reports applied (groups the buffer closed unserved)

@@ -41,7 +41,8 @@ def test_a_two_point_sweep_over_the_algorithm_group_runs_grpo_and_ppo_in_their_o
     assert runs == ["0_algorithm=grpo", "1_algorithm=ppo"]
     for name, algo, estimator in (("0_algorithm=grpo", "grpo", "grpo"), ("1_algorithm=ppo", "ppo", "gae")):
         assert json.loads((sweep / name / "config.json").read_text())["algorithm"]["adv_estimator"] == estimator
-        assert json.loads((sweep / name / "summary.json").read_text())["exit_code"] == 0
+        run_summary = json.loads((sweep / name / "summary.json").read_text())
+        assert (run_summary["exit_code"], run_summary["worker_restarts"], run_summary["engine_restarts"]) == (0, 0, 0)
         overrides = yaml.safe_load((sweep / name / "overrides.yaml").read_text())
         assert (overrides[0], overrides[-1]) == (f"algorithm={algo}", f"trainer.output_dir='{sweep / name}'")
     for name in runs:  # every episode went through the reward model, none failed

@@ -128,7 +128,7 @@ async def test_a_real_worker_puts_trajectories_scored_by_the_reward_model_into_t
         assert t.reward == pytest.approx(2 * t.metrics["reward/rule"] + 0.5 * want_model, abs=1e-5)
         assert t.metrics["reward_model/failed"] == 0 and t.metrics["reward_model/seconds"] >= 0
     assert {t.metrics["reward/rule"] for t in trajs} <= {0.0, 1.0}
-    assert worker.counts["reward_model_failures"] == 0
+    assert worker.state().reward_model_failures == 0  # what the controller reads
 
 
 # ----------------------------------------------------------------------------- the generative judge
