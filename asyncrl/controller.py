@@ -114,12 +114,13 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
     stop_signal = _stop_on_signals()
     metrics = MetricsLogger(out, wandb_mode=cfg.trainer.wandb, project=cfg.trainer.wandb_project,
                             config=shown_config(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps,
-                            secret_env=secret_env)
+                            secret_env=secret_env, run_name=start.run_id)
     fleet = Fleet(cfg, out, rows, start.run_id)
     ending = {"exit_code": EXIT_ERROR, "exit_reason": "crashed", "diagnosis": ""}
     try:
         with env.services(cfg.env) as tool_overrides:
-            fleet.start(tool_overrides, resume_from=start.resume_from, highest_published=start.record.highest_version)
+            fleet.start(tool_overrides, resume_from=start.resume_from, highest_published=start.record.highest_version,
+                        status=metrics.status)
             train_loop(cfg, fleet, metrics, out, VersionLog(out, start.record))
         ending.update(exit_code=EXIT_OK, exit_reason="completed")
     except RunStopped as e:
@@ -152,6 +153,15 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
         ray.shutdown()
         _report(out, summary)
     return summary["exit_code"]
+
+
+def waiting_line(step: int, total: int, batch_groups: int, buffer: dict[str, Any], states: list[Any]) -> str:
+    """What the progress shows while the learner waits for its next batch."""
+    episodes = sum(s.episodes for s in states)
+    failed = sum(s.episodes_failed for s in states)
+    line = (f"step {step}/{total}: waiting for a batch: {min(buffer.get('groups_complete', 0), batch_groups)}/"
+            f"{batch_groups} groups complete, {episodes} episodes stored")
+    return line + (f", {failed} failed" if failed else "")
 
 
 def settle(ending: dict[str, Any], counts: dict[str, Any]) -> dict[str, Any]:
@@ -209,6 +219,8 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, ver
         verdict = watchdog.observe(time.monotonic(), fleet.step, fleet.worker_states())
         if verdict.stop:
             raise RunStopped(verdict)
+        metrics.status(waiting_line(fleet.step + 1, t.total_steps, t.batch_groups, fleet.buffer_stats(),
+                                    fleet.worker_states()))
 
     with open(out / "trained_uids.jsonl", "a") as uids_file:
         while fleet.step < cfg.trainer.total_steps:

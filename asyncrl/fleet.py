@@ -57,9 +57,11 @@ class Fleet:
 
     # ------------------------------------------------------------------ start / stop
 
-    def start(self, tool_overrides: dict, resume_from: Optional[Path] = None, highest_published: int = 0) -> None:
+    def start(self, tool_overrides: dict, resume_from: Optional[Path] = None, highest_published: int = 0,
+              status: Callable[[str], None] = lambda text: None) -> None:
         """Start every part; with `resume_from`, from that checkpoint (the learner numbers its new weights above
-        `highest_published`, the highest version the run ever published: asyncrl/run_dir.py's record)."""
+        `highest_published`, the highest version the run ever published: asyncrl/run_dir.py's record).
+        `status` is told what is starting (the progress line)."""
         from asyncrl.actors.engine import EngineActor
         from asyncrl.buffer.actor import BufferActor
         from asyncrl.buffer.keys import BufferKeys, endpoint
@@ -68,7 +70,9 @@ class Fleet:
 
         cfg = self.cfg
         self.tool_overrides = tool_overrides
+        status("preparing the model")
         model_dir = str(resolve_model_dir(cfg.model))  # converts the default model once, here
+        status("starting the replay buffer")
         wal_dir = cfg.buffer.wal_dir or str(self.out / "buffer")
         keys = BufferKeys.for_run(cfg.buffer)  # None without CURVE; each process gets only its role's pair
         self.buffer = BufferActor.remote(cfg.buffer, wal_dir, cfg.algorithm.max_staleness, keys)
@@ -77,6 +81,9 @@ class Fleet:
         engine_threads, learner_threads = cpu_threads(cfg.trainer.mode, available_cpus(), cfg.engine.num_engines,
                                                       cfg.trainer.learner_ranks)
         # the learner ranks set up while the engines start: the two are independent and each takes seconds
+        n_engines = len(cfg.engine.urls) if cfg.engine.urls else cfg.engine.num_engines
+        status(f"starting {cfg.trainer.learner_ranks} learner rank(s) and "
+               f"{'attaching' if cfg.engine.urls else 'launching'} {n_engines} engine(s)")
         self.learners = LearnerGroup(cfg, consumer, learner_threads)
         if cfg.reward_model.kind == "discriminative":  # its own worker, shared by every rollout worker
             from asyncrl.rollout.reward_model import reward_model_actor
@@ -97,6 +104,7 @@ class Fleet:
         positions = [RolloutPosition() for _ in range(cfg.trainer.rollout_workers)]
         version = 0
         if resume_from is not None:
+            status(f"loading checkpoint {resume_from}")
             job, version = self.learners.load_checkpoint(str(resume_from), highest_published)
             if len(job.rollout) != len(positions):
                 raise ValueError(f"checkpoint {resume_from} holds {len(job.rollout)} rollout positions, the config "
@@ -108,6 +116,7 @@ class Fleet:
         if version > 0:  # engines start from the base weights: bring them to the learner's version
             self.learners.sync_weights()
         self.publish_version(version)
+        status(f"starting {len(positions)} rollout worker(s)")
         self.supervisor.start_workers(positions, self.version)
 
     def _spawn_worker(self, r: int, position: RolloutPosition, version: int) -> Any:

@@ -30,6 +30,28 @@ _PROGRESS_KEYS = [
 ]
 
 
+def format_duration(seconds: float) -> str:
+    """12s, 4m05s, 1h02m: the way the progress line shows an ETA or an elapsed time."""
+    s = max(int(round(seconds)), 0)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def eta_seconds(step: int, total: int, first: tuple[int, float, float], now: float) -> float | None:
+    """Time left for steps step+1..total. `first` = (the first step this process logged, when, and how long
+    it took from the start): the pace is the mean time per step since that first step (which alone carries
+    the start-up and the first batch's wait), or the first step's own time while it is the only one. None
+    once no step is left."""
+    first_step, first_at, first_seconds = first
+    if step >= total or step < first_step:
+        return None
+    per_step = (now - first_at) / (step - first_step) if step > first_step else first_seconds
+    return per_step * (total - step)
+
+
 def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for k, v in metrics.items():
@@ -45,7 +67,7 @@ def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
 class MetricsLogger:
     def __init__(self, output_dir: str | Path, *, wandb_mode: str = "offline", project: str = "asyncrl",
                  config: dict | None = None, progress: bool = True, total_steps: int | None = None,
-                 secret_env: dict[str, str] | None = None):
+                 secret_env: dict[str, str] | None = None, run_name: str | None = None):
         """`secret_env`: what `asyncrl.secrets.withhold_env` withheld (WANDB_API_KEY); put back in the
         environment only while an online wandb starts its service, never for offline."""
         self.path = Path(output_dir) / "metrics.jsonl"
@@ -54,13 +76,16 @@ class MetricsLogger:
         self.total_steps = total_steps
         self.tty = progress and sys.stdout.isatty()
         self.t0 = time.time()
+        self._first_step: tuple[int, float, float] | None = None  # the first step logged, when, its duration
+        self._last_status = ("", 0.0)  # the last status line printed, and when
         self._wandb = None
+        self.wandb_mode = wandb_mode
         if wandb_mode != "off":
             try:
                 os.environ.setdefault("WANDB_SILENT", "true")
                 with secret_env_set(secret_env if wandb_mode == "online" else None):
                     self._wandb = wandb.init(project=project, mode=wandb_mode, dir=str(output_dir),
-                                             config=redacted(config or {}), reinit=True)
+                                             config=redacted(config or {}), reinit=True, name=run_name)
             except Exception as e:  # logging must never stop training
                 log.warning("wandb disabled: %r", e)
 
@@ -85,7 +110,32 @@ class MetricsLogger:
                     pass
         if self.total_steps and "step" in rec:
             parts[0] = f"step {rec['step']}/{self.total_steps}"
-        line = " | ".join(parts) + f" | {rec['time']:.0f}s"
+        line = " | ".join(parts) + f" | {format_duration(rec['time'])}"
+        step = rec.get("step")
+        if isinstance(step, int) and "train/reward_mean" in rec:  # a training step (not an eval record)
+            now = time.time()
+            if self._first_step is None:  # step 1, or the first step after a resume
+                self._first_step = (step, now, now - self.t0)
+            eta = eta_seconds(step, self.total_steps or 0, self._first_step, now)
+            if eta is not None:
+                line += f" | eta {format_duration(eta)}"
+        self._emit(line)
+
+    def status(self, text: str, *, every_s: float = 30.0) -> None:
+        """What the run is doing between steps (starting its parts, waiting for a batch). On a terminal the
+        line is rewritten in place; elsewhere a new text is printed at once and the same text again at
+        most every `every_s` seconds (a log file gets a heartbeat, not a flood)."""
+        now = time.time()
+        line = f"{text} | {format_duration(now - self.t0)}"
+        if self.tty:
+            self._emit(line)
+        elif text != self._last_status[0] or now - self._last_status[1] >= every_s:
+            self._emit(line)
+        else:
+            return
+        self._last_status = (text, now)
+
+    def _emit(self, line: str) -> None:
         if self.tty:
             sys.stdout.write("\r\x1b[2K" + line)
             sys.stdout.flush()
@@ -97,10 +147,14 @@ class MetricsLogger:
             sys.stdout.write("\n")
         self._file.close()
         if self._wandb is not None:
+            run_dir = getattr(self._wandb, "dir", None)  # .../wandb/offline-run-<time>-<id>/files
             try:
                 self._wandb.finish()
             except Exception:
                 pass
+            if self.wandb_mode == "offline" and run_dir:
+                offline = Path(run_dir).parent
+                print(f"wandb: offline run in {offline}; upload it with: wandb sync {offline}", flush=True)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -329,6 +329,11 @@ def test_sync_baseline_with_curve_on_trains_and_writes_no_secret_to_its_output_d
             _kill_tree(proc)
     log = "".join(c for c in chunks if c)
     assert proc.returncode == 0, log[-4000:]
+    # the progress from the start (issue 19): what is starting, the wait for a batch, then steps with an ETA;
+    # the offline wandb run's directory and the command that uploads it
+    for needle in ("starting the replay buffer |", "launching 1 engine(s)", "rollout worker(s) |",
+                   "step 1/3: waiting for a batch: ", "step 1/3 | ", "| eta ", "; upload it with: wandb sync "):
+        assert needle in log, (needle, log[-3000:])
     recs = _check_run(out, 3, max_staleness=0)  # checkpoint, final model, trajectories, uids: all scanned below
     assert all(r["train/staleness_max"] == 0 for r in recs)
     names = " ".join(cmdlines)
