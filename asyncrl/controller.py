@@ -219,12 +219,16 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, ver
         verdict = watchdog.observe(time.monotonic(), fleet.step, fleet.worker_states())
         if verdict.stop:
             raise RunStopped(verdict)
+        waiting()
+
+    def waiting() -> None:
         metrics.status(waiting_line(fleet.step + 1, t.total_steps, t.batch_groups, fleet.buffer_stats(),
                                     fleet.worker_states()))
 
     with open(out / "trained_uids.jsonl", "a") as uids_file:
         while fleet.step < cfg.trainer.total_steps:
             t0 = time.perf_counter()
+            waiting()
             batch, waited = fleet.next_batch(watch)  # restarts dead workers/engines, returns budget, watches
             result = fleet.train(batch)
             versions.publishing(result.version)  # durable before any engine holds these weights
