@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("asyncrl.learner.export", "export a training checkpoint as a plain Hugging Face directory"),
     "bench": ("asyncrl.bench", "run a benchmark (buffer | engine | learner | weights | e2e); prints a JSON line"),
     "diagnose": ("asyncrl.diagnose", "report versions, devices and whether the default model loads"),
+    "report": ("asyncrl.report", "plot a run's curves (PNG) and summarize it (markdown): asyncrl report RUN_DIR"),
 }
 
 
