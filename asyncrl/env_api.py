@@ -33,6 +33,9 @@ class Sample:
     data_source: str = ""
     extra_info: dict[str, Any] = field(default_factory=dict)
     agent_name: Optional[str] = None
+    # a fixed sampling seed for the episode (offline evaluation: the same seed for the same row and sample
+    # index, whatever the checkpoint); its assistant turn t samples with seed + t. None: the engine's own
+    sampling_seed: Optional[int] = None
 
     @property
     def tools_kwargs(self) -> dict[str, Any]:

@@ -64,6 +64,40 @@ def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class StatusLine:
+    """One line of progress: on a terminal rewritten in place; elsewhere (CI, a log file) printed as plain
+    lines, a repeated status text at most every `every_s` seconds (a heartbeat, not a flood)."""
+
+    def __init__(self, enabled: bool = True, stream: Any = None):
+        self.stream = stream or sys.stdout
+        self.tty = enabled and self.stream.isatty()
+        self.t0 = time.time()
+        self._last_status = ("", 0.0)  # the last status text printed, and when
+
+    def status(self, text: str, *, every_s: float = 30.0) -> None:
+        now = time.time()
+        line = f"{text} | {format_duration(now - self.t0)}"
+        if self.tty:
+            self.emit(line)
+        elif text != self._last_status[0] or now - self._last_status[1] >= every_s:
+            self.emit(line)
+        else:
+            return
+        self._last_status = (text, now)
+
+    def emit(self, line: str) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line)
+            self.stream.flush()
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
 class MetricsLogger:
     def __init__(self, output_dir: str | Path, *, wandb_mode: str = "offline", project: str = "asyncrl",
                  config: dict | None = None, progress: bool = True, total_steps: int | None = None,
@@ -74,10 +108,9 @@ class MetricsLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1)
         self.total_steps = total_steps
-        self.tty = progress and sys.stdout.isatty()
-        self.t0 = time.time()
+        self.line = StatusLine(enabled=progress)
+        self.t0 = self.line.t0
         self._first_step: tuple[int, float, float] | None = None  # the first step logged, when, its duration
-        self._last_status = ("", 0.0)  # the last status line printed, and when
         self._wandb = None
         self.wandb_mode = wandb_mode
         if wandb_mode != "off":
@@ -122,29 +155,14 @@ class MetricsLogger:
         self._emit(line)
 
     def status(self, text: str, *, every_s: float = 30.0) -> None:
-        """What the run is doing between steps (starting its parts, waiting for a batch). On a terminal the
-        line is rewritten in place; elsewhere a new text is printed at once and the same text again at
-        most every `every_s` seconds (a log file gets a heartbeat, not a flood)."""
-        now = time.time()
-        line = f"{text} | {format_duration(now - self.t0)}"
-        if self.tty:
-            self._emit(line)
-        elif text != self._last_status[0] or now - self._last_status[1] >= every_s:
-            self._emit(line)
-        else:
-            return
-        self._last_status = (text, now)
+        """What the run is doing between steps (starting its parts, waiting for a batch): `StatusLine.status`."""
+        self.line.status(text, every_s=every_s)
 
     def _emit(self, line: str) -> None:
-        if self.tty:
-            sys.stdout.write("\r\x1b[2K" + line)
-            sys.stdout.flush()
-        else:
-            print(line, flush=True)
+        self.line.emit(line)
 
     def close(self) -> None:
-        if self.tty:
-            sys.stdout.write("\n")
+        self.line.close()
         self._file.close()
         if self._wandb is not None:
             run_dir = getattr(self._wandb, "dir", None)  # .../wandb/offline-run-<time>-<id>/files

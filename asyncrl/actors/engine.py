@@ -106,20 +106,10 @@ class EngineActor:
 
     def start(self, weight_version: int = 0) -> str:
         """Launch the server on `model_dir`, whose weights are policy version `weight_version`."""
-        e = self.cfg.engine
         logs = os.path.join(self.cfg.trainer.output_dir, "engines")  # kept with the run, one dir per launch
-        os.makedirs(logs, exist_ok=True)
-        if e.type == "sglang":
-            self.proc = launch_sglang(self.model_dir, host=e.host, port=self.port, cfg=e, weight_version=weight_version,
-                                      log_dir=logs)
-        else:
-            self.proc = launch_embedded(
-                self.model_dir, host=e.host, port=self.port, device=e.device or default_device(),
-                dtype=_dtype(e.dtype), max_running_seqs=e.max_running_seqs, weight_version=weight_version,
-                startup_timeout_s=e.launch_timeout_s, threads=self.threads,
-                extra_env={"OMP_NUM_THREADS": str(self.threads)} if self.threads else None,
-                weights_dirs=run_weight_dirs(self.cfg), log_dir=logs,
-            )
+        self.proc = launch_configured(self.cfg, self.model_dir, port=self.port, threads=self.threads,
+                                      weight_version=weight_version, log_dir=logs)
+        e = self.cfg.engine
         self.watch = EngineWatch(self.proc, e.probe_timeout_s, e.probe_failures)
         return self.proc.url
 
@@ -145,6 +135,23 @@ class EngineActor:
         if self.proc is not None:
             self.proc.stop()
             self.proc = None
+
+
+def launch_configured(cfg: Config, model_dir: str, *, port: int, threads: Optional[int], weight_version: int = 0,
+                      log_dir: str) -> EngineProcess:
+    """Launch the server `cfg.engine` describes (embedded or SGLang) on `model_dir`, whose weights are
+    policy version `weight_version`; its logs go below `log_dir`. The one place an engine is configured
+    from the run's config (EngineActor here, `asyncrl eval` and `asyncrl generate` without Ray)."""
+    e = cfg.engine
+    os.makedirs(log_dir, exist_ok=True)
+    if e.type == "sglang":
+        return launch_sglang(model_dir, host=e.host, port=port, cfg=e, weight_version=weight_version, log_dir=log_dir)
+    return launch_embedded(
+        model_dir, host=e.host, port=port, device=e.device or default_device(), dtype=_dtype(e.dtype),
+        max_running_seqs=e.max_running_seqs, weight_version=weight_version, startup_timeout_s=e.launch_timeout_s,
+        threads=threads, extra_env={"OMP_NUM_THREADS": str(threads)} if threads else None,
+        weights_dirs=run_weight_dirs(cfg), log_dir=log_dir,
+    )
 
 
 def run_weight_dirs(cfg: Config) -> list[str]:

@@ -132,6 +132,8 @@ class Episode:
             self.finish_reason = "length"
             return None
         sp = sampling_params(self.ctx, max_new, self.stop_ids)
+        if self.sample.sampling_seed is not None:
+            sp.sampling_seed = self.sample.sampling_seed + self.assistant_turns
         out = await self.ctx.engine.generate(self.builder.context(), sp, rid=f"{self.sample.uid}-t{self.assistant_turns}",
                                              session_id=self.sample.uid)
         self.builder.add_generated(out.output_ids, out.logprobs, out.versions)

@@ -1,0 +1,129 @@
+"""`asyncrl eval` and `asyncrl generate` as subprocesses over the tiny model on a real embedded engine.
+
+The reward is a test-written function that pays 1.0 for an even-length final text, so the tiny model's
+samples are a mix of successes and failures and pass@k has something to count."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = [pytest.mark.timeout(300)]
+
+REWARD = '''
+def even_length(*, final_text, ground_truth, extra_info, tool_rewards, turn_rewards):
+    return {"score": 1.0 if len(final_text) % 2 == 0 else 0.0, "length": float(len(final_text))}
+'''
+
+
+def _args(tiny_model_dir: Path, tmp_path: Path) -> list[str]:
+    reward = tmp_path / "reward.py"
+    reward.write_text(REWARD)
+    return [str(tiny_model_dir), "model=custom", "agent.max_turn_tokens=10", "agent.max_response_tokens=30",
+            "agent.max_assistant_turns=2", "env.num_val=6", "env.num_train=7", f"env.reward.path={reward}",
+            "env.reward.name=even_length", "engine.max_running_seqs=4"]
+
+
+def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "asyncrl.cli", *args], capture_output=True, text=True,
+                          timeout=240, **kw)
+
+
+def _episodes(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+
+
+def test_eval_counts_pass_at_k_as_the_episodes_say(tiny_model_dir, tmp_path):
+    out = tmp_path / "ev"
+    r = _cli("eval", *_args(tiny_model_dir, tmp_path), "-k", "4", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary == json.loads((out / "summary.json").read_text())
+    eps = _episodes(out)
+    by_prompt = defaultdict(list)
+    for e in eps:
+        by_prompt[e["data_index"]].append(e["reward"])
+    assert sorted(by_prompt) == list(range(6)) and all(len(rs) == 4 for rs in by_prompt.values())
+    any_success = sum(1 for rs in by_prompt.values() if max(rs) >= 1.0)
+    successes = sum(1 for rs in by_prompt.values() for x in rs if x >= 1.0)
+    assert 0 < successes < 24, "the even-length reward should split the samples; the test would prove nothing"
+    assert summary["pass@4"] == pytest.approx(any_success / 6)
+    assert summary["pass@1"] == pytest.approx(successes / 24)
+    assert summary["mean@4"] == pytest.approx(successes / 24)
+    assert summary["by_source"]["arithmetic"]["num_episodes"] == 24 and summary["failed_episodes"] == 0
+    assert all(e["messages"][-1]["role"] == "assistant" or e["num_turns"] > 1 for e in eps)
+    assert len({e["seed"] for e in eps}) == 24
+
+
+def test_eval_draws_are_fixed_by_the_seed(tiny_model_dir, tmp_path):
+    """One episode at a time (batches of one: the same arithmetic), the same seed gives the same samples."""
+    texts = {}
+    for name, seed in (("a", 3), ("b", 3), ("c", 4)):
+        out = tmp_path / name
+        r = _cli("eval", *_args(tiny_model_dir, tmp_path), "-k", "2", "--limit", "2", "--seed", str(seed),
+                 "--concurrency", "1", "--out", str(out))
+        assert r.returncode == 0, r.stderr[-3000:]
+        texts[name] = [(e["data_index"], e["sample_index"], e["messages"][2:]) for e in
+                       sorted(_episodes(out), key=lambda e: (e["data_index"], e["sample_index"]))]
+    assert texts["a"] == texts["b"]
+    assert texts["a"] != texts["c"]
+
+
+def test_eval_refuses_a_used_output_dir(tiny_model_dir, tmp_path):
+    out = tmp_path / "used"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")
+    r = _cli("eval", *_args(tiny_model_dir, tmp_path), "--out", str(out))
+    assert r.returncode == 2 and "not an empty directory" in r.stderr
+
+
+def test_generate_resumes_after_a_kill_without_duplicating_rows(tiny_model_dir, tmp_path):
+    out = tmp_path / "gen.parquet"
+    parts = tmp_path / "gen.parquet.parts"
+    args = ["generate", *_args(tiny_model_dir, tmp_path), "--out", str(out), "-n", "2", "--chunk-rows", "1",
+            "--concurrency", "1"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    try:
+        for line in proc.stdout:  # each status line follows a row; kill once two chunks are on disk
+            if len(list(parts.glob("chunk-*.parquet"))) >= 2:
+                break
+        else:
+            pytest.fail(f"generate ended (rc {proc.wait()}) before writing two chunks")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    kept = {i for f in parts.glob("chunk-*.parquet") for i in pq.read_table(f).column("data_index").to_pylist()}
+    assert 2 <= len(kept) < 7 and not out.exists()
+
+    r = _cli(*args)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert f"{len(kept)} of 7 rows already written; {7 - len(kept)} to run" in r.stdout
+    table = pq.read_table(out).to_pylist()
+    assert [row["data_index"] for row in table] == list(range(7))  # each row once, in order
+    assert all(len(row["responses"]) == 2 and len(row["rewards"]) == 2 for row in table)
+    assert all(json.loads(m)[-1]["role"] in ("assistant", "tool") for row in table for m in row["messages"])
+    assert not parts.exists()
+
+    again = _cli(*args)
+    assert again.returncode == 0 and "already complete" in again.stdout
+
+
+def test_generate_refuses_another_job_in_the_same_parts_dir(tiny_model_dir, tmp_path):
+    out = tmp_path / "g.parquet"
+    parts = tmp_path / "g.parquet.parts"
+    parts.mkdir()
+    (parts / "job.json").write_text(json.dumps({"model": "other", "n": 9}))
+    r = _cli("generate", *_args(tiny_model_dir, tmp_path), "--out", str(out))
+    assert r.returncode == 2 and "different job" in r.stderr
+    r = _cli("generate", *_args(tiny_model_dir, tmp_path), "--out", str(tmp_path / "g.csv"))
+    assert r.returncode == 2 and "must name a .parquet file" in r.stderr
