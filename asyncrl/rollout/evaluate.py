@@ -17,9 +17,13 @@ from asyncrl.env_api import Sample
 
 
 def pass_at_k(rewards_by_prompt: list[list[float]], threshold: float = 1.0) -> float:
+    """pass@k with k = each prompt's number of samples (asyncrl/offline/scores.py owns the estimator)."""
+    from asyncrl.offline.scores import pass_at_k as estimate
+
     if not rewards_by_prompt:
         return 0.0
-    return sum(any(r >= threshold for r in rs) for rs in rewards_by_prompt) / len(rewards_by_prompt)
+    return sum(estimate(len(rs), sum(r >= threshold for r in rs), len(rs))
+               for rs in rewards_by_prompt) / len(rewards_by_prompt)
 
 
 async def evaluate_rows(ctx: Any, rows: list[dict[str, Any]], k: int, agent: str, concurrency: int = 16,
