@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
              "(asyncrl eval [RUN_DIR|CHECKPOINT|HF_DIR] -k 4)"),
     "generate": ("asyncrl.offline.generate_cli", "run a dataset through the agent loop into a parquet of responses, "
                  "resumable (asyncrl generate [MODEL] --out FILE.parquet)"),
+    "view": ("asyncrl.view.cli", "browse a run's trajectories in a terminal UI, live (asyncrl view RUN_DIR)"),
     "report": ("asyncrl.report", "plot a run's curves (PNG) and summarize it (markdown): asyncrl report RUN_DIR"),
 }
 

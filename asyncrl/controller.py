@@ -230,9 +230,11 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, ver
             t0 = time.perf_counter()
             waiting()
             batch, waited = fleet.next_batch(watch)  # restarts dead workers/engines, returns budget, watches
+            trained_from = fleet.version  # the policy version the batch's gradients were taken at
             result = fleet.train(batch)
             versions.publishing(result.version)  # durable before any engine holds these weights
-            uids_file.write(json.dumps({"step": fleet.step, "uids": result.trained_uids}) + "\n")
+            uids_file.write(json.dumps({"step": fleet.step, "version": trained_from, "uids": result.trained_uids})
+                            + "\n")
             uids_file.flush()
             stats = {**result.metrics, **fleet.sync_weights()}
             fleet.publish_version(result.version)  # after the sync: engines hold it before anyone admits by it

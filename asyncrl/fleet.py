@@ -19,6 +19,7 @@ answers with is recorded at once as its position, so a crash right after cannot 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from asyncrl.supervisor import Supervisor
 
 log = logging.getLogger("asyncrl")
 STOP_TIMEOUT_S = 30.0
+DROPPED_GROUPS_FILE = "dropped_groups.jsonl"  # {step, group_id, reason: stale | failed} a line
 
 
 class Fleet:
@@ -162,6 +164,10 @@ class Fleet:
     def route_dropped(self) -> None:
         """Deliver the groups the buffer closed unserved to the workers that own them (see the module doc)."""
         taken = _quietly(lambda: ray.get(self.buffer.take_dropped.remote(), timeout=STOP_TIMEOUT_S)) or []
+        if taken:  # the viewer's record of why these groups never trained (asyncrl/view/records.py)
+            with open(self.out / DROPPED_GROUPS_FILE, "a") as f:
+                f.writelines(json.dumps({"step": self.step, "group_id": gid, "reason": why}) + "\n"
+                             for gid, why in taken)
         self._undelivered += [gid for gid, _ in taken]
         by_worker: dict[int, list[str]] = {}
         for gid in self._undelivered:

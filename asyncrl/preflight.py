@@ -42,13 +42,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from asyncrl import registry
-from asyncrl.learner.losses import check_off_policy_correction
 from asyncrl.agent_loop.base import interaction_class, resolve_agent
 from asyncrl.agent_loop.tool_calls import resolve_parser
 from asyncrl.config import Config, ToolSpec
 from asyncrl.data import DataError
 from asyncrl.dataset import BLOCK_ROWS, LARGE_ROW_GROUP, Dataset
 from asyncrl.env_api import Env, Sample, load_rows, resolve_env, resolve_reward_fn
+from asyncrl.learner.losses import check_off_policy_correction
 from asyncrl.models import (
     DEFAULT_MODEL,
     ModelNotFoundError,

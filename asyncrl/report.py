@@ -71,7 +71,7 @@ def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[flo
 def summary_markdown(records: list[dict[str, Any]], window: int, plots: list[Path]) -> str:
     train = [r for r in records if "train/reward_mean" in r]
     steps = sorted({r["step"] for r in train})
-    lines = [f"# Run report", "", f"{len(steps)} training steps recorded (steps {steps[0]}-{steps[-1]})." if steps
+    lines = ["# Run report", "", f"{len(steps)} training steps recorded (steps {steps[0]}-{steps[-1]})." if steps
              else "No training step recorded yet.", ""]
     if steps:
         first, last = set(steps[:window]), set(steps[-window:])

@@ -44,8 +44,8 @@ _RUN_ID = re.compile(r"[0-9a-z]{1,16}")
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 # a previous run's files, moved aside by `resume=auto` when it finds no checkpoint (nothing else is touched)
-RUN_FILES = ("run.json", "checkpoints", "buffer", "metrics.jsonl", "trained_uids.jsonl", "summary.json",
-             "config.json", "engines", "engine_restart_weights", "weight_sync", "final", "wandb")
+RUN_FILES = ("run.json", "checkpoints", "buffer", "metrics.jsonl", "trained_uids.jsonl", "dropped_groups.jsonl",
+             "summary.json", "config.json", "engines", "engine_restart_weights", "weight_sync", "final", "wandb")
 RUN_FILE_GLOBS = ("trajectories-w*.jsonl",)
 
 

@@ -56,11 +56,11 @@ max_response_tokens, which then couples the learning rate to the generation budg
 
 from __future__ import annotations
 
-import torch
-
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
+
+import torch
 
 from asyncrl import registry
 from asyncrl.learner.importance import importance_weights

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

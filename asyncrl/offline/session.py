@@ -13,9 +13,10 @@ import asyncio
 import contextlib
 import hashlib
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator, Optional
+from typing import Any, Optional
 
 from asyncrl.config import Config, load_config
 from asyncrl.offline.checkpoints import ModelSource

@@ -25,10 +25,7 @@ or resumed worker keeps it.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import random
-import time
 from collections import deque
 from pathlib import Path
 from typing import Any, Optional
@@ -43,7 +40,8 @@ from asyncrl.job_state import EpisodeError, RolloutPosition, RolloutState
 from asyncrl.rollout.admission import StalenessGate
 from asyncrl.rollout.prompts import PromptDraw, PromptSource
 from asyncrl.rollout.reward_model import RewardModelError
-from asyncrl.schema import NonFiniteRewardError, Trajectory
+from asyncrl.rollout.trajectory_log import TrajectoryLog
+from asyncrl.schema import NonFiniteRewardError
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +139,7 @@ class RolloutWorker:
         self.errors = ErrorTally()
         self.recent_failed: deque[bool] = deque(maxlen=cfg.trainer.failed_episode_window)
         self._stop = asyncio.Event()
-        self._dump_path = Path(output_dir) / f"trajectories-w{worker_id}.jsonl"
-        self._dump_rng = random.Random(cfg.seed * 1000 + worker_id)
+        self.trajectory_log = TrajectoryLog(output_dir, worker_id, cfg.trainer.dump_trajectories, cfg.seed)
 
     # ------------------------------------------------------------------ control (called by the actor)
 
@@ -298,24 +295,13 @@ class RolloutWorker:
         self.counts["episodes"] += 1
         self.counts["reward_sum"] += chains[0].reward
         for t in chains:
-            self._dump(t)
+            self.trajectory_log.write(t)
 
     async def _episode_failed(self, sample: Sample, error: BaseException) -> None:
         self.counts["episodes_failed"] += 1
         self.errors.add(error, sample.data_index)
         self.recent_failed.append(True)
         await self.producer.report_failed(sample.group_id, sample.group_size, 1)
-
-    def _dump(self, traj: Trajectory) -> None:
-        frac = self.cfg.trainer.dump_trajectories
-        if frac <= 0 or self._dump_rng.random() >= frac:
-            return
-        rec = {"uid": traj.uid, "group_id": traj.group_id, "reward": traj.reward, "num_turns": traj.num_turns,
-               "finish_reason": traj.finish_reason, "min_version": traj.min_version(),
-               "response_tokens": len(traj.response_ids), "metrics": traj.metrics,
-               "turn_rewards": traj.turn_rewards, "messages": traj.messages, "time": time.time()}
-        with open(self._dump_path, "a") as f:
-            f.write(json.dumps(rec, default=str) + "\n")
 
 
 def _prompt_text(sample: Sample) -> str:

@@ -22,6 +22,7 @@ from zmq.utils import z85
 
 from asyncrl.buffer.keys import BufferKeys
 from asyncrl.metrics import read_metrics
+from asyncrl.view.records import RunReader
 
 pytestmark = [pytest.mark.timeout(420)]
 
@@ -120,6 +121,16 @@ def _check_run(out: Path, steps: int, max_staleness: int) -> list[dict]:
     assert dumped and sum(1 for _ in open(dumped[0])) >= 4
     uids = [u for rec in _trained(out) for u in rec["uids"]]
     assert len(uids) == len(set(uids)) == 4 * steps  # nothing trained twice
+    # what `asyncrl view` reads: every line whole, token arrays aligned, trained rows at the step that trained them
+    view = RunReader(out)
+    view.poll()
+    assert view.bad_lines == 0 and view.rows
+    step_of = {u: rec["step"] for rec in _trained(out) for u in rec["uids"]}
+    for row in view.rows:
+        r = row.record
+        assert len(r["response_ids"]) == len(r["loss_mask"]) == len(r["versions"]) == len(r["behavior_logprobs"])
+        assert row.step == step_of.get(row.uid) if row.status == "trained" else row.uid not in step_of
+        assert row.staleness is None or 0 <= row.staleness <= max_staleness
     return recs
 
 

@@ -11,7 +11,6 @@ import math
 import pytest
 import torch
 
-from asyncrl import registry
 from asyncrl.config import AlgorithmConfig, ConfigError
 from asyncrl.learner.advantages import compute_advantages
 from asyncrl.learner.losses import (

@@ -7,7 +7,6 @@ import math
 
 import msgspec
 import pytest
-import torch
 
 from asyncrl.config import AlgorithmConfig, ConfigError
 from asyncrl.learner.advantages import earned_before, turn_credit_advantages

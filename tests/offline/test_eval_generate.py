@@ -94,7 +94,7 @@ def test_generate_resumes_after_a_kill_without_duplicating_rows(tiny_model_dir, 
     proc = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     try:
-        for line in proc.stdout:  # each status line follows a row; kill once two chunks are on disk
+        for _line in proc.stdout:  # each status line follows a row; kill once two chunks are on disk
             if len(list(parts.glob("chunk-*.parquet"))) >= 2:
                 break
         else:
