@@ -98,7 +98,15 @@ def importance_weights(
         diag["is_ess"] = float(wu.sum() ** 2 / (wu.numel() * (wu**2).sum()))
         diag["is_frac_truncated"] = float((lw_units > log_thr).double().mean())
         diag["is_frac_rejected"] = float((~kept_units).double().mean())
-        dt = d[m].double()  # log r per masked token, r = p_prox / p_behav
-        diag["is_kl_k1"] = float((-dt).mean())
-        diag["is_kl_k3"] = float((torch.exp(dt) - 1 - dt).mean())
+        diag.update(mismatch_kl(prox_logp, behav_logp, mask))
     return w, keep.float(), diag
+
+
+def mismatch_kl(policy_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """The engine/learner mismatch over the masked tokens, from the behavior samples, r = p_policy / p_behav:
+    is_kl_k1 = mean(-log r), is_kl_k3 = mean(r - 1 - log r) (both estimate KL(behav || policy)); 0 with no token."""
+    m = mask.bool()
+    dt = (policy_logp.detach().double() - behav_logp.detach().double())[m].clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if not dt.numel():
+        return {"is_kl_k1": 0.0, "is_kl_k3": 0.0}
+    return {"is_kl_k1": float((-dt).mean()), "is_kl_k3": float((torch.exp(dt) - 1 - dt).mean())}

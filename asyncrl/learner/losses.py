@@ -63,7 +63,7 @@ from typing import Any, NamedTuple
 import torch
 
 from asyncrl import registry
-from asyncrl.learner.importance import importance_weights
+from asyncrl.learner.importance import importance_weights, mismatch_kl
 
 PPO_LOG_RATIO_CLAMP = 20.0
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_sum_norm")
@@ -285,8 +285,8 @@ def policy_loss(
 
     `loss_fn` maps LossInputs to PolicyTerms (default: PPO's clip with clip_low/clip_high). Decoupled iff
     `prox_logp` is given (algorithm.decoupled); then the truncated behavior weight is always applied.
-    Metrics: pg_loss, kl, entropy, clip_frac, ratio_mean, ratio_max and, when decoupled, the is_*
-    diagnostics of `importance_weights`.
+    Metrics: pg_loss, kl, entropy, clip_frac, ratio_mean, ratio_max, the engine/learner mismatch is_kl_k1 and
+    is_kl_k3 and, when decoupled, the other is_* diagnostics of `importance_weights`.
     """
     _check = [t for t in (behav_logp, mask) if t.shape != logp.shape]
     if _check:
@@ -305,8 +305,10 @@ def policy_loss(
         )
         metrics.update(diag)
         anchor = prox_logp
-    else:
+    else:  # not decoupled: the mismatch is measured against the policy being trained (the proximal one on
+        # the first minibatch of a step, when the two are the same weights)
         w, keep, anchor = torch.ones_like(logp), m.float(), behav_logp
+        metrics.update(mismatch_kl(logp, behav_logp, mask))
     if loss_fn is None:
         def loss_fn(inp: LossInputs) -> PolicyTerms:
             return ppo_terms(inp, clip_low, clip_high)

@@ -277,7 +277,8 @@ class LearnerWorker:
             )
             metrics.update({f"learner/{k}": v for k, v in diag.items()})
 
-        sums = torch.zeros(8, dtype=torch.float64)  # loss, pg, kl, ent_sum, clip_cnt, ratio_sum, tokens, grad_norm
+        # loss, pg, kl, ent_sum, clip_cnt, ratio_sum, tokens, grad_norm, mismatch k1 and k3 (token sums)
+        sums = torch.zeros(10, dtype=torch.float64)
         ratio_max = torch.zeros(1, dtype=torch.float64)
         lrs = []
         compute_tokens = 0
@@ -288,6 +289,9 @@ class LearnerWorker:
                 step_sums, step_max, ct = self._minibatch_update(mb_idx, specs, behav, masks, adv_tokens or adv,
                                                                  prox, ref)
                 sums += step_sums
+                if prox is None and not lrs:  # the first minibatch, before any update: policy = proximal
+                    metrics["learner/is_kl_k1"] = float(step_sums[8] / max(step_sums[6], 1))
+                    metrics["learner/is_kl_k3"] = float(step_sums[9] / max(step_sums[6], 1))
                 ratio_max = torch.maximum(ratio_max, step_max)
                 compute_tokens += ct
                 lrs.append(self.optimizer.param_groups[0]["lr"])
@@ -368,7 +372,7 @@ class LearnerWorker:
         )
         local = mb_idx[self.rank :: self.world_size]
         plan = plan_micro_batches([specs[i].length for i in local], a.micro_batch_tokens, a.packing)
-        sums = torch.zeros(8, dtype=torch.float64)
+        sums = torch.zeros(10, dtype=torch.float64)
         rmax = torch.zeros(1, dtype=torch.float64)
         compute_tokens = 0
         self.optimizer.zero_grad(set_to_none=True)
@@ -403,7 +407,8 @@ class LearnerWorker:
             n = float(mask.sum())
             sums += torch.tensor([float(loss.detach()), m["pg_loss"], m.get("kl", 0.0),
                                   float(torch.where(mask, entropy.detach(), 0.0).sum()),
-                                  m["clip_frac"] * n, m["ratio_mean"] * n, n, 0.0], dtype=torch.float64)
+                                  m["clip_frac"] * n, m["ratio_mean"] * n, n, 0.0, m.get("is_kl_k1", 0.0) * n,
+                                  m.get("is_kl_k3", 0.0) * n], dtype=torch.float64)
             rmax = torch.maximum(rmax, torch.tensor([m["ratio_max"]], dtype=torch.float64))
         if self.world_size > 1:
             dist.all_reduce(sums)

@@ -4,7 +4,9 @@ No Ray, no buffer, no learner: the command composes the config (a run dir's reco
 the user's), starts the env's services (e.g. the retrieval server), launches one engine on the model the
 same way a training run does (asyncrl/actors/engine.py `launch_configured`; or attaches to `engine.urls`),
 and runs episodes through the configured agent loop with the env's own reward. Each episode gets a sampling
-seed fixed by (seed, row, sample index), so two checkpoints are measured on the same draws.
+seed fixed by (seed, row, sample index), so two checkpoints sample with the same seeds. The draws repeat
+exactly only where the logits do: a fresh engine running one episode at a time does; batching (whose
+composition depends on timing) and an engine's earlier work can change float rounding.
 """
 
 from __future__ import annotations

@@ -282,3 +282,18 @@ def test_logprob_and_entropy_hand_values():
     assert lp.item() == pytest.approx(-L(8)) and ent.item() == pytest.approx(L(8))
     lp2, _ = logprobs_and_entropy(torch.tensor([[0.0, L(3)]]), torch.tensor([1]), 2.0)  # logits / 2: p1 = sqrt3/(1+sqrt3)
     assert lp2.item() == pytest.approx(L(math.sqrt(3) / (1 + math.sqrt(3))))
+
+
+def test_mismatch_kl_is_reported_without_a_proximal_forward():
+    """decoupled=false: the loss still measures the engine/learner mismatch, against the policy it trains."""
+    import torch
+
+    from asyncrl.learner.losses import policy_loss
+
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.9]]))
+    behav = torch.log(torch.tensor([[0.25, 0.25, 0.1]]))
+    mask = torch.tensor([[True, True, False]])  # the third token is not the policy's: left out
+    _, m = policy_loss(logp, behav, torch.ones(1), mask)
+    r = [2.0, 1.0]  # p_policy / p_behav on the two masked tokens
+    assert m["is_kl_k1"] == pytest.approx(sum(-math.log(x) for x in r) / 2)
+    assert m["is_kl_k3"] == pytest.approx(sum(x - 1 - math.log(x) for x in r) / 2)
