@@ -239,9 +239,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     check = sub.add_parser("check", help="validate a parquet/jsonl dataset against the verl row schema")
     check.add_argument("file")
     check.add_argument("--skip-bad", action="store_true", help="count bad rows instead of failing on the first")
+    from asyncrl.env_api import Env
+
     for name, cls in _env_classes().items():
         p = sub.add_parser(name, help=(cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else None)
         cls.add_data_arguments(p)
+        if getattr(cls, "demo_turns", None) is not Env.demo_turns:
+            p.add_argument("--demos", action="store_true",
+                           help="write solved, checked demonstrations (demos-<split>.jsonl in --out) instead of rows")
+            p.add_argument("--split", choices=("train", "val"), default="train", help="--demos: the split to solve")
+            p.add_argument("--limit", type=int, default=None, help="--demos: only the first N rows")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -249,6 +256,10 @@ def main(args: argparse.Namespace) -> int:
         return _check_command(args.file, skip_bad=args.skip_bad)
     cls = _env_classes()[args.data_command]
     env = cls() if isinstance(cls, type) else cls
+    if getattr(args, "demos", False):
+        from asyncrl.sft.cli import demos_command
+
+        return demos_command(env, args)
     return int(env.data_command(args) or 0)
 
 

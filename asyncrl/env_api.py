@@ -80,6 +80,17 @@ class Env:
         """Score one finished episode: a float, or a dict with `score` (and any extra metrics)."""
         raise NotImplementedError
 
+    def demo_turns(self, row: dict[str, Any]) -> list[Any]:
+        """How to solve `row`: the assistant turns (asyncrl/sft/demos.py `DemoTurn`: text and tool calls) of a
+        demonstration, checked by playing them through the agent loop. Optional: an env without it has no
+        `asyncrl data <env> --demos`."""
+        raise NotImplementedError(f"env {self.name!r} has no demonstrations (it does not implement demo_turns)")
+
+    def check_demo(self, row: dict[str, Any], messages: list[dict[str, Any]]) -> Optional[str]:
+        """Beyond the full reward, why a played demonstration (the agent loop's `messages`) is not a good one,
+        or None (the default: the reward's verdict is enough)."""
+        return None
+
     def services(self, cfg: Any) -> Any:
         """A context manager that starts what the env needs (e.g. a retrieval server) and yields a
         dict of tool config updates {tool_name: {key: value}}; the default needs nothing."""

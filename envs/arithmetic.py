@@ -215,6 +215,25 @@ class ArithmeticEnv(Env):
                tool_rewards: list[float], turn_rewards: list[float]) -> dict[str, float]:
         return shaped_score(final_text, ground_truth, float(extra_info.get("format_reward", 0.0)))
 
+    def demo_turns(self, row: dict[str, Any]) -> list[Any]:
+        """One calculator call with the problem's expression, then the stated answer."""
+        from asyncrl.sft.demos import DemoCall, DemoError, DemoTurn
+
+        expr = (row.get("extra_info") or {}).get("expression")
+        answer = (row.get("reward_model") or {}).get("ground_truth")
+        if not isinstance(expr, str) or not expr or answer is None:
+            raise DemoError("the row has no extra_info.expression or no ground truth: nothing to demonstrate")
+        return [DemoTurn("I will compute it with the calculator.", [DemoCall("calculator", {"expression": expr})]),
+                DemoTurn(f"The calculator gives {answer}.\nAnswer: {answer}")]
+
+    def check_demo(self, row: dict[str, Any], messages: list[dict[str, Any]]) -> str | None:
+        """The calculator's result must be the ground truth (else the row's expression and answer disagree)."""
+        answer = (row.get("reward_model") or {}).get("ground_truth")
+        results = [str(m.get("content") or "") for m in messages if m.get("role") == "tool"]
+        if not results or not numbers_equal(results[-1].strip(), answer):
+            return f"the calculator returned {results[-1][:50] if results else 'nothing'!r}, the ground truth is {answer!r}"
+        return None
+
     # ------------------------------------------------------------------ asyncrl data arithmetic
 
     @staticmethod

@@ -54,6 +54,19 @@ class AgentContext:
     interactions: list = field(default_factory=list)  # InteractionSpec (or dicts) configuring interactions by name
     _tools: Optional[dict[str, Any]] = field(default=None, init=False, repr=False)
 
+    @classmethod
+    def for_config(cls, cfg: Any, engine: Generator, tokenizer: Any, tool_overrides: dict | None = None
+                   ) -> AgentContext:
+        """The context a run's config (asyncrl.config.Config) describes: its agent settings, the env's tools
+        (with `tool_overrides` from the env's services, e.g. the retrieval server's url) and reward."""
+        from asyncrl.env_api import resolve_reward_fn
+        from asyncrl.tooling.loader import load_tool_specs
+
+        return cls(engine=engine, tokenizer=tokenizer, cfg=cfg.agent,
+                   tool_specs=load_tool_specs(cfg.env.tools, cfg.env.tools_config),
+                   reward_fn=resolve_reward_fn(cfg.env), env_name=cfg.env.name,
+                   tool_overrides=dict(tool_overrides or {}), interactions=list(cfg.env.interactions))
+
     def tools(self) -> dict[str, Any]:
         """The tool objects (built once per context, shared by its episodes; state is per instance_id)."""
         if self._tools is None:

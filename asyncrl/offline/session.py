@@ -64,10 +64,9 @@ def agent_context(cfg: Config, work_dir: Path, say: Callable[[str], None]) -> It
     from asyncrl.agent_loop.base import AgentContext
     from asyncrl.cpus import available_cpus
     from asyncrl.engine.client import EngineClient
-    from asyncrl.env_api import resolve_env, resolve_reward_fn
+    from asyncrl.env_api import resolve_env
     from asyncrl.models import load_tokenizer, resolve_model_dir
     from asyncrl.net import free_port
-    from asyncrl.tooling.loader import load_tool_specs
 
     registry.load_all(cfg.plugins)
     env = resolve_env(cfg.env.name)
@@ -84,13 +83,9 @@ def agent_context(cfg: Config, work_dir: Path, say: Callable[[str], None]) -> It
             urls = [proc.url]
         try:
             e = cfg.engine
-            yield AgentContext(
-                engine=EngineClient(urls, timeout_s=e.request_timeout_s, max_retries=e.max_retries),
-                tokenizer=load_tokenizer(cfg.model), cfg=cfg.agent,
-                tool_specs=load_tool_specs(cfg.env.tools, cfg.env.tools_config),
-                reward_fn=resolve_reward_fn(cfg.env), env_name=cfg.env.name,
-                tool_overrides=dict(tool_overrides), interactions=list(cfg.env.interactions),
-            )
+            yield AgentContext.for_config(
+                cfg, EngineClient(urls, timeout_s=e.request_timeout_s, max_retries=e.max_retries),
+                load_tokenizer(cfg.model), tool_overrides)
         finally:
             if proc is not None:
                 proc.stop()

@@ -57,16 +57,10 @@ class EvalActor:
             from asyncrl import registry
             from asyncrl.agent_loop.base import AgentContext
             from asyncrl.engine.client import EngineClient
-            from asyncrl.env_api import resolve_reward_fn
             from asyncrl.models import load_tokenizer
-            from asyncrl.tooling.loader import load_tool_specs
 
             registry.load_all(self.cfg.plugins)
-            self.ctx = AgentContext(
-                engine=EngineClient(self.urls), tokenizer=load_tokenizer(self.cfg.model), cfg=self.cfg.agent,
-                tool_specs=load_tool_specs(self.cfg.env.tools, self.cfg.env.tools_config),
-                reward_fn=resolve_reward_fn(self.cfg.env), env_name=self.cfg.env.name,
-                tool_overrides=dict(self.overrides), interactions=list(self.cfg.env.interactions),
-            )
+            self.ctx = AgentContext.for_config(self.cfg, EngineClient(self.urls), load_tokenizer(self.cfg.model),
+                                               self.overrides)
         out = await evaluate_rows(self.ctx, self.rows, self.cfg.trainer.eval_pass_k, self.cfg.agent.name)
         return {**out, "eval/version": version}

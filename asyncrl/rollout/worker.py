@@ -106,8 +106,6 @@ class RolloutWorker:
         reward_model.kind=discriminative; a generative judge is built here on `engine`."""
         from asyncrl.agent_loop.base import AgentContext
         from asyncrl.buffer.client import AsyncBufferProducer
-        from asyncrl.env_api import resolve_reward_fn
-        from asyncrl.tooling.loader import load_tool_specs
 
         self.cfg, self.worker_id, self.num_workers = cfg, worker_id, num_workers
         position = position or RolloutPosition()
@@ -119,12 +117,7 @@ class RolloutWorker:
         self.source = PromptSource(rows, run_id=run_id, seed=cfg.seed, shard=worker_id, num_shards=num_workers,
                                    start_position=position.next_position)
         self.engine = BoundedGenerator(engine, cfg.trainer.max_inflight_generations)
-        self.ctx = AgentContext(
-            engine=self.engine, tokenizer=tokenizer, cfg=cfg.agent,
-            tool_specs=load_tool_specs(cfg.env.tools, cfg.env.tools_config),
-            reward_fn=resolve_reward_fn(cfg.env), env_name=cfg.env.name,
-            tool_overrides=dict(tool_overrides or {}), interactions=list(cfg.env.interactions),
-        )
+        self.ctx = AgentContext.for_config(cfg, self.engine, tokenizer, tool_overrides)
         self.producer = AsyncBufferProducer(buffer_address)
         self.reward_model = _reward_model(cfg, reward_scorer, self.engine, tokenizer)
         self._episodes = asyncio.Semaphore(cfg.trainer.episodes_per_worker)

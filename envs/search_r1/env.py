@@ -115,6 +115,27 @@ class SearchR1Env(Env):
                tool_rewards: list[float], turn_rewards: list[float]) -> dict[str, float]:
         return compute_score(final_text, ground_truth, (extra_info or {}).get("reward_method") or "em")
 
+    def demo_turns(self, row: dict[str, Any]) -> list[Any]:
+        """One search per hop (the title of each document the answer needs, in order), then the answer."""
+        from asyncrl.sft.demos import DemoCall, DemoError, DemoTurn
+
+        hops = (row.get("extra_info") or {}).get("hops")
+        target = ((row.get("reward_model") or {}).get("ground_truth") or {}).get("target")
+        if not hops or not target:
+            raise DemoError("the row has no extra_info.hops or no ground_truth.target: nothing to demonstrate")
+        turns = [DemoTurn(f"I need to look up {h}." if k == 0 else f"Next I need to look up {h}.",
+                          [DemoCall("search", {"query": str(h)})]) for k, h in enumerate(hops)]
+        return turns + [DemoTurn(f"<answer> {target[0]} </answer>")]
+
+    def check_demo(self, row: dict[str, Any], messages: list[dict[str, Any]]) -> str | None:
+        """Each search must have found its hop's document (a right answer after a miss teaches guessing)."""
+        hops = (row.get("extra_info") or {}).get("hops") or []
+        results = [str(m.get("content") or "") for m in messages if m.get("role") == "tool"]
+        missed = [h for h, r in zip(hops, results) if str(h) not in r]
+        if len(results) != len(hops) or missed:
+            return f"the retriever did not return the document of hop(s) {missed or hops} for their search"
+        return None
+
     @contextlib.contextmanager
     def services(self, cfg: EnvConfig) -> Iterator[dict[str, Any]]:
         r = cfg.retriever
