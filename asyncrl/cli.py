@@ -22,6 +22,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("asyncrl.learner.export", "export a training checkpoint as a plain Hugging Face directory"),
     "bench": ("asyncrl.bench", "run a benchmark (buffer | engine | learner | weights | e2e); prints a JSON line"),
     "diagnose": ("asyncrl.diagnose", "report versions, devices and whether the default model loads"),
+    "sft": ("asyncrl.sft.trainer", "supervised warm start on chat data with tool calls "
+            "(asyncrl sft demos.jsonl --out outputs/sft; then asyncrl train model.path=outputs/sft/final)"),
     "eval": ("asyncrl.offline.eval_cli", "measure a model on a dataset split: mean@k, pass@k per data source "
              "(asyncrl eval [RUN_DIR|CHECKPOINT|HF_DIR] -k 4)"),
     "generate": ("asyncrl.offline.generate_cli", "run a dataset through the agent loop into a parquet of responses, "

@@ -27,6 +27,8 @@ _PROGRESS_KEYS = [
     ("step", "step {:d}"), ("version", "v{:d}"), ("train/reward_mean", "reward {:.3f}"),
     ("train/staleness_max", "stale<={:.0f}"), ("rollout/engine_tokens_per_s", "engine {:.0f} tok/s"),
     ("learner/tokens_per_s", "learner {:.0f} tok/s"), ("buffer/size", "buffer {:.0f}"),
+    ("sft/epoch", "epoch {:d}"), ("sft/train_loss", "loss {:.4f}"), ("sft/val_loss", "val loss {:.4f}"),
+    ("sft/tokens_per_s", "{:.0f} tok/s"),
 ]
 
 
@@ -145,7 +147,7 @@ class MetricsLogger:
             parts[0] = f"step {rec['step']}/{self.total_steps}"
         line = " | ".join(parts) + f" | {format_duration(rec['time'])}"
         step = rec.get("step")
-        if isinstance(step, int) and "train/reward_mean" in rec:  # a training step (not an eval record)
+        if isinstance(step, int) and ("train/reward_mean" in rec or "sft/train_loss" in rec):  # a training step
             now = time.time()
             if self._first_step is None:  # step 1, or the first step after a resume
                 self._first_step = (step, now, now - self.t0)

@@ -228,9 +228,17 @@ def _reinforce(inp: LossInputs, cfg: Any) -> PolicyTerms:
     return reinforce_terms(inp)
 
 
+@registry.register("loss", "sft")
+def _sft(inp: LossInputs, cfg: Any) -> PolicyTerms:
+    """Supervised fine-tuning (asyncrl sft): the negative log-likelihood -log pi_theta of every masked token,
+    whatever the advantage. Only for data that is not the policy's own samples (no ratio, no correction)."""
+    return PolicyTerms(-inp.logp, torch.zeros_like(inp.mask), torch.exp(inp.log_ratio).detach())
+
+
 for _fn in (_ppo, _gspo, _cispo, _sapo):
     _fn.corrects_off_policy = True  # type: ignore[attr-defined]
 _reinforce.corrects_off_policy = False  # type: ignore[attr-defined]
+_sft.corrects_off_policy = False  # type: ignore[attr-defined]
 
 LossFn = Callable[[LossInputs], PolicyTerms]
 

@@ -106,6 +106,7 @@ def openai_messages(prompt: list[dict[str, Any]], agent_messages: list[dict[str,
 @dataclass
 class DemoReport:
     rows: list[dict[str, Any]] = field(default_factory=list)  # the demonstrations kept
+    trajectories: dict[int, Any] = field(default_factory=dict)  # data_index -> the agent loop's Trajectory
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (data_index, why)
 
 
@@ -151,6 +152,7 @@ async def make_demos(ctx: Any, env: Any, rows: list[tuple[int, dict[str, Any]]],
         if why:
             report.rejected.append((i, why))
             return
+        report.trajectories[i] = traj
         report.rows.append({
             "data_index": i, "data_source": row.get("data_source") or "", "reward": traj.reward,
             "messages": openai_messages(sample.messages, traj.messages, turns), "tools": ctx.tool_schemas(),

@@ -1,0 +1,176 @@
+"""`asyncrl sft DATA [--val FILE] [--out DIR] [--epochs E] [--batch B] [--lr LR] [overrides...]`: supervised warm start.
+
+The same learner as RL (asyncrl/learner/worker.py `LearnerWorker`, one rank in this process) trains on the
+rendered conversations (asyncrl/sft/data.py: loss on exactly the assistant turns' tokens) with the `sft`
+loss, the mean negative log-likelihood per token (`algorithm.loss_agg`), at temperature 1. Config: the
+usual Hydra overrides (model, agent: its system prompt, tool parser and token budgets; algorithm: packing,
+micro_batch_tokens, lr schedule, warmup), with these fixed for SFT: loss=sft, decoupled=false,
+max_staleness=0, kl_coef=0, one epoch and one minibatch per step (the batch is the optimizer step).
+
+Schedule: each epoch visits every row once in an order shuffled by (seed, epoch); step k trains on the k-th
+batch of that schedule, so a resumed run continues exactly where its checkpoint left off. Every
+--val-every steps (and at the end) the validation loss (mean NLL per assistant token of --val, no update)
+is logged. Checkpoints (DCP, atomic, `checkpoints/step_N`, holding the schedule position) every
+--checkpoint-every steps and at the end; a run started again on the same --out resumes from the newest one;
+the trained model is exported to OUT/final (a plain HF dir): `asyncrl train model.path=OUT/final` starts
+RL from it. metrics.jsonl gets sft/train_loss, sft/val_loss, sft/lr, sft/tokens_per_s per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+RAW_ARGS = True  # Hydra overrides mix with the flags: parsed here
+SFT_OVERRIDES = ["algorithm.loss=sft", "algorithm.decoupled=false", "algorithm.max_staleness=0",
+                 "algorithm.kl_coef=0", "algorithm.epochs=1", "algorithm.minibatches=1",
+                 "algorithm.adv_estimator=grpo", "algorithm.turn_credit=false", "agent.sampling.temperature=1.0"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="asyncrl sft", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Example:\n  asyncrl data arithmetic --demos --out demos\n"
+                                       "  asyncrl sft demos/demos-train.jsonl --out outputs/sft\n"
+                                       "  asyncrl train model.path=outputs/sft/final")
+    p.add_argument("items", nargs="*", metavar="DATA | key=value", help="the training file and Hydra overrides")
+    p.add_argument("--val", default=None, help="a validation file (same shape): its loss is logged")
+    p.add_argument("--out", default="outputs/sft", help="output dir (default: %(default)s); resumed if it holds a "
+                                                         "checkpoint")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch", type=int, default=8, help="conversations per optimizer step")
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--val-every", type=int, default=0, help="steps between validation losses (0: only at the end)")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: only at the end)")
+    return p
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+@dataclass
+class SftBatch:
+    """What LearnerWorker.train_step takes: the batch's trajectories."""
+
+    batch_id: str
+    trajs: list[Any]
+
+    def trajectories(self) -> list[Any]:
+        return self.trajs
+
+
+def schedule(n_rows: int, epochs: int, batch: int, seed: int) -> list[list[int]]:
+    """The row indices of every step: each epoch a (seed, epoch)-shuffled pass cut into batches (the last
+    batch of an epoch may be smaller)."""
+    steps = []
+    for e in range(epochs):
+        order = list(range(n_rows))
+        random.Random(f"asyncrl-sft-{seed}-{e}").shuffle(order)
+        steps += [order[i:i + batch] for i in range(0, n_rows, batch)]
+    return steps
+
+
+def main(args: argparse.Namespace) -> int:
+    from asyncrl.config import ConfigError, load_config
+    from asyncrl.data import DataError
+    from asyncrl.models import load_tokenizer
+    from asyncrl.sft.data import read_rows, render_conversation
+
+    a = build_parser().parse_intermixed_args(args.argv)
+    data = [x for x in a.items if "=" not in x]
+    overrides = [x for x in a.items if "=" in x]
+    try:
+        if len(data) != 1:
+            raise ValueError(f"give exactly one training file (JSONL or parquet of `messages`), got {data or 'none'}")
+        for name in ("epochs", "batch"):
+            if getattr(a, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(a, name)}")
+        if not (a.lr > 0 and math.isfinite(a.lr)):
+            raise ValueError(f"--lr must be a positive number, got {a.lr}")
+        rows = read_rows(data[0])
+        val_rows = read_rows(a.val) if a.val else []
+        n_steps = len(schedule(len(rows), a.epochs, a.batch, a.seed))
+        cfg = load_config([*overrides, *SFT_OVERRIDES, f"algorithm.lr={a.lr}", f"trainer.total_steps={n_steps}",
+                           f"trainer.output_dir={a.out}", f"seed={a.seed}"])
+        tok = load_tokenizer(cfg.model)
+        trajs = [render_conversation(tok, cfg.agent, r, uid=f"sft-{i}") for i, r in enumerate(rows)]
+        val = [render_conversation(tok, cfg.agent, r, uid=f"val-{i}") for i, r in enumerate(val_rows)]
+    except (ValueError, ConfigError, DataError) as e:
+        print(f"asyncrl sft: {e}", file=sys.stderr)
+        return 2
+    return train(cfg, trajs, val, a)
+
+
+def val_loss(worker: Any, trajs: list[Any]) -> float:
+    """Mean NLL per assistant token of `trajs` under the worker's model (no update)."""
+    import numpy as np
+    import torch
+
+    from asyncrl.learner.packing import SeqSpec
+
+    specs, masks = [], []
+    for t in trajs:
+        ids = np.concatenate([t.prompt_ids.numpy(), t.response_ids.numpy()]).astype(np.int64)
+        m = torch.from_numpy(t.loss_mask.numpy().astype(bool))
+        specs.append(SeqSpec(torch.from_numpy(ids), len(t.prompt_ids), m))
+        masks.append(m)
+    logp = worker._score(worker.model, specs, list(range(len(specs))))
+    nll = sum(float(-(logp[i][masks[i]]).sum()) for i in range(len(specs)))
+    return nll / max(sum(int(m.sum()) for m in masks), 1)
+
+
+def train(cfg: Any, trajs: list[Any], val: list[Any], a: argparse.Namespace) -> int:
+    from asyncrl.learner.checkpoint import checkpoints_root, latest_checkpoint, step_dir
+    from asyncrl.learner.worker import LearnerWorker
+    from asyncrl.metrics import MetricsLogger
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    steps = schedule(len(trajs), a.epochs, a.batch, a.seed)
+    metrics = MetricsLogger(out, wandb_mode="off", progress=cfg.trainer.progress, total_steps=len(steps))
+    metrics.status(f"sft: loading {cfg.model.path or cfg.model.name}")
+    worker = LearnerWorker(cfg, rank=0, world_size=1)
+    start = 0
+    latest: Optional[Path] = latest_checkpoint(checkpoints_root(out))
+    if latest is not None:
+        extra = worker.load_checkpoint(str(latest))
+        if extra.get("sft_steps") != len(steps) or extra.get("rows") != len(trajs):
+            print(f"asyncrl sft: {latest} belongs to a different job ({extra.get('rows')} rows, "
+                  f"{extra.get('sft_steps')} steps; this one: {len(trajs)} rows, {len(steps)} steps); "
+                  "use another --out", file=sys.stderr)
+            return 2
+        start = int(extra["step"])
+        metrics.status(f"sft: resumed from {latest} at step {start}/{len(steps)}")
+    per_epoch = math.ceil(len(trajs) / a.batch)
+
+    def save(step: int) -> None:
+        worker.save_checkpoint(str(step_dir(checkpoints_root(out), step)),
+                               {"step": step, "sft_steps": len(steps), "rows": len(trajs)})
+
+    for k in range(start, len(steps)):
+        idx = steps[k]
+        ts = time.perf_counter()
+        m = worker.train_step(SftBatch(f"sft-step-{k + 1}", [trajs[i] for i in idx]))
+        rec = {"sft/train_loss": m["learner/pg_loss"], "sft/lr": m["learner/lr"], "sft/epoch": k // per_epoch + 1,
+               "sft/tokens": m["learner/tokens"], "sft/tokens_per_s": m["learner/tokens"] / (time.perf_counter() - ts),
+               "learner/grad_norm": m["learner/grad_norm"]}
+        step = k + 1
+        if val and ((a.val_every and step % a.val_every == 0) or step == len(steps)):
+            rec["sft/val_loss"] = val_loss(worker, val)
+        metrics.log(step, rec)
+        if a.checkpoint_every and step % a.checkpoint_every == 0 and step < len(steps):
+            save(step)
+    if start < len(steps) or latest is None:
+        save(len(steps))
+    worker.export_hf(str(out / "final"))
+    metrics.close()
+    print(f"sft: {len(steps)} steps; model in {out / 'final'} (asyncrl train model.path={out / 'final'})")
+    return 0
