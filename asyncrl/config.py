@@ -62,6 +62,22 @@ def _positive(section: Any, where: str, *names: str) -> None:
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo")
 
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 0  # LoRA adapters of this rank on the target layers (asyncrl/learner/lora.py); 0: full fine-tuning
+    alpha: float = 16.0  # the adapter's scale is alpha / rank
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # linear layers, by name
+    seed: int = 0  # the adapters' initialisation (every rank builds the same)
+
+    def __post_init__(self) -> None:
+        _check(self.rank >= 0, "model.lora.rank", f"must be >= 0, got {self.rank}")
+        _check(self.alpha > 0, "model.lora.alpha", f"must be > 0, got {self.alpha}")
+        _check(bool(self.target_modules), "model.lora.target_modules", "must name at least one layer")
+
+
 @dataclass
 class ModelConfig:
     name: str = "smollm2-135m"  # a known default model, or "custom" with `path`
@@ -71,6 +87,7 @@ class ModelConfig:
     attn_implementation: Optional[str] = None  # None: sdpa (flash_attention_2 on GPU when installed)
     gradient_checkpointing: bool = False
     cache_dir: Optional[str] = None  # where the default model's safetensors copy is cached
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
         if self.name == "custom" and not self.path:

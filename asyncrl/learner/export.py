@@ -1,8 +1,9 @@
 """`asyncrl export --checkpoint DIR --out DIR`: a training checkpoint as a plain Hugging Face directory.
 
 The checkpoint's config.json names the model it was trained from (model.path or the default model);
-that model's architecture and tokenizer are rebuilt, the DCP model state loaded (resharded to one
-process), and the result saved with `save_pretrained` (safetensors) into a temp dir renamed into place.
+that model's architecture and tokenizer are rebuilt (with its LoRA adapters when model.lora.rank > 0,
+merged into the weights after loading), the DCP model state loaded (resharded to one process), and the
+result saved with `save_pretrained` (safetensors) into a temp dir renamed into place.
 The output loads with AutoModelForCausalLM.from_pretrained(out) alone.
 """
 
@@ -20,6 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.config import Config, ModelConfig, from_dict
 from asyncrl.learner import checkpoint as ckpt
+from asyncrl.learner.lora import apply_lora, lora_scaling, merge_state_dict
 from asyncrl.models import load_model, resolve_model_dir
 
 
@@ -54,8 +56,14 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike)
     """Load the model state of a `LearnerWorker.save_checkpoint` directory and write it as an HF directory."""
     cfg: Config = from_dict(Config, ckpt.read_config(checkpoint))
     model = load_model(cfg.model, device="cpu", dtype="float32")
+    lora = cfg.model.lora
+    if lora.rank:  # the checkpoint holds the adapters unmerged: rebuild them, load, merge
+        apply_lora(model, lora.rank, lora.alpha, list(lora.target_modules), lora.seed)
     ckpt.load(checkpoint, model, None)
-    return save_hf({k: v.detach() for k, v in model.state_dict().items()}, cfg.model, Path(out_dir))
+    sd = {k: v.detach() for k, v in model.state_dict().items()}
+    if lora.rank:
+        sd = merge_state_dict(sd, lora_scaling(lora))
+    return save_hf(sd, cfg.model, Path(out_dir))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -46,6 +46,7 @@ from asyncrl.learner.distributed import init_distributed
 from asyncrl.learner.gae import gae, place_rewards, whiten
 from asyncrl.learner.importance import importance_weights
 from asyncrl.learner.logprobs import effective_temperature, logprobs_and_entropy
+from asyncrl.learner.lora import apply_lora, lora_scaling, merge_state_dict, merged_named_params
 from asyncrl.learner.losses import check_off_policy_correction, kl_penalty, policy_loss, resolve_loss
 from asyncrl.learner.packing import (
     MicroBatch,
@@ -139,6 +140,9 @@ class LearnerWorker:
     def _build(self, dtype: str, trainable: bool) -> torch.nn.Module:
         model = load_model(self.cfg.model, device=self.device, dtype=dtype)
         model.config.use_cache = False
+        lora = self.cfg.model.lora
+        if trainable and lora.rank:  # adapters only; the frozen base is the reference model's too
+            apply_lora(model, lora.rank, lora.alpha, list(lora.target_modules), lora.seed)
         if trainable:
             if self.cfg.model.gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -478,6 +482,9 @@ class LearnerWorker:
 
     def _full_named_params(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Collective: each parameter gathered to its full tensor (FSDP2 DTensor) as the walk reaches it."""
+        if self.cfg.model.lora.rank:  # the adapted weights, merged: engines load a plain model
+            yield from merged_named_params(self.model)
+            return
         for name, p in self.model.named_parameters():
             t = p.detach()
             yield name, (t.full_tensor() if hasattr(t, "full_tensor") else t)
@@ -487,9 +494,12 @@ class LearnerWorker:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         if self.world_size == 1:
-            return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(self.model, options=opts)
+            sd = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        else:
+            sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.cfg.model.lora.rank and sd:  # merged: a plain model of the base architecture
+            sd = merge_state_dict(sd, lora_scaling(self.cfg.model.lora))
+        return sd
 
     def export_hf(self, out_dir: str) -> None:
         """Collective. A plain HF directory (safetensors, config, tokenizer) written by rank 0, atomically."""

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import yaml
+from safetensors import safe_open
 
 from tests.e2e.test_train import _overrides
 
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.timeout(420)]
 def test_a_two_point_sweep_over_the_algorithm_group_runs_grpo_and_ppo_in_their_own_dirs_and_summarizes(
         tiny_model_dir, tmp_path):
     """A sweep over a config group: one GRPO run and one PPO run (adv_estimator=gae, its critic on the
-    learner rank), each trained end to end in its own dir with a discriminative reward model (a tiny
+    learner rank), both with LoRA adapters (model.lora.rank=4), each trained end to end in its own dir with a discriminative reward model (a tiny
     sequence-classification model built here, on its own Ray worker) scoring every episode before the
     buffer; the PPO run logs its critic's metrics."""
     import torch
@@ -32,7 +33,8 @@ def test_a_two_point_sweep_over_the_algorithm_group_runs_grpo_and_ppo_in_their_o
     AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(rm)
     base = [o for o in _overrides(tiny_model_dir, tmp_path / "unused", **{
         "trainer.total_steps": 1, "reward_model.kind": "discriminative", "reward_model.path": str(rm),
-        "reward_model.weight": 0.5, "trainer.dump_trajectories": 1.0}) if not o.startswith("trainer.output_dir=")]
+        "reward_model.weight": 0.5, "trainer.dump_trajectories": 1.0, "model.lora.rank": 4})
+        if not o.startswith("trainer.output_dir=")]
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "asyncrl.cli", "train", "-m", f"hydra.sweep.dir={sweep}", "algorithm=grpo,ppo", *base]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -40,7 +42,10 @@ def test_a_two_point_sweep_over_the_algorithm_group_runs_grpo_and_ppo_in_their_o
     runs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     assert runs == ["0_algorithm=grpo", "1_algorithm=ppo"]
     for name, algo, estimator in (("0_algorithm=grpo", "grpo", "grpo"), ("1_algorithm=ppo", "ppo", "gae")):
-        assert json.loads((sweep / name / "config.json").read_text())["algorithm"]["adv_estimator"] == estimator
+        run_cfg = json.loads((sweep / name / "config.json").read_text())
+        assert run_cfg["algorithm"]["adv_estimator"] == estimator and run_cfg["model"]["lora"]["rank"] == 4
+        # LoRA adapters trained; what the run exported (and synced) is the merged plain model
+        assert not [k for k in safe_open(str(sweep / name / "final" / "model.safetensors"), "pt").keys() if "lora_" in k]
         run_summary = json.loads((sweep / name / "summary.json").read_text())
         assert (run_summary["exit_code"], run_summary["worker_restarts"], run_summary["engine_restarts"]) == (0, 0, 0)
         overrides = yaml.safe_load((sweep / name / "overrides.yaml").read_text())

@@ -41,3 +41,20 @@ def critic_train_and_dump(rank: int, world_size: int, model_dir: str, out_dir: s
     critic = get_model_state_dict(worker.critic.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
         torch.save({"metrics": metrics, "critic": critic}, Path(out_dir) / f"critic_w{world_size}.pt")
+
+
+def lora_train_and_dump(rank: int, world_size: int, model_dir: str, out_dir: str) -> None:
+    """One train_step with LoRA adapters (FSDP2 shards them with the frozen base); rank 0 dumps the merged
+    parameters as they would be synced to the engines."""
+    from dataclasses import replace
+
+    from asyncrl.config import LoraConfig
+    from asyncrl.learner.worker import LearnerWorker
+
+    cfg = make_cfg(model_dir, **{**FSDP_ALGO, "lr": 1e-2})
+    cfg = replace(cfg, model=replace(cfg.model, lora=LoraConfig(rank=4, alpha=8.0)))
+    worker = LearnerWorker(cfg, rank=rank, world_size=world_size)
+    metrics = worker.train_step(make_batch(**FSDP_BATCH))
+    params = {name: t.clone() for bucket in worker.iter_full_params(1 << 18) for name, t in bucket}
+    if rank == 0:
+        torch.save({"metrics": metrics, "params": params}, Path(out_dir) / f"lora_w{world_size}.pt")
