@@ -13,6 +13,10 @@ sharing the CPU). A short warm-up step runs first.
 With `--critic`, a third side: the same packed step of PPO (adv_estimator=gae: the critic's value forward,
 GAE, the policy update, the critic's update) on a second worker, and ratio_ppo_over_grpo = its median
 time over the packed GRPO step's: what the critic costs.
+
+With `--lora R`, another side: the same packed step training LoRA adapters of rank R (model.lora.rank) on a
+second worker, and ratio_lora_over_full = its median time over the full fine-tuning packed step's, with
+lora_tokens_per_s.
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from asyncrl.bench.rounds import MIN_ROUNDS, interleave, ratio, summary
-from asyncrl.config import AlgorithmConfig, Config, CriticConfig, ModelConfig
+from asyncrl.config import AlgorithmConfig, Config, CriticConfig, LoraConfig, ModelConfig
 from asyncrl.learner.worker import LearnerWorker
 from asyncrl.schema import Batch, Group, make_trajectory
 
@@ -41,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="interleaved rounds; medians are reported")
     parser.add_argument("--critic", action="store_true", help="add PPO with a critic as a third side")
+    parser.add_argument("--lora", type=int, default=0, help="add a LoRA side of this rank (0: none)")
 
 
 def lengths_long_tailed(n: int, lo: int, hi: int, seed: int) -> list[int]:
@@ -85,6 +91,10 @@ def run(args: argparse.Namespace) -> dict:
             critic=CriticConfig(lr=1e-7))))
         workers["ppo"].train_step(make_batch([args.min_len, args.min_len], vocab, args.seed + 7))  # warm-up
 
+    if args.lora:
+        workers["lora"] = LearnerWorker(replace(cfg, model=replace(cfg.model, lora=LoraConfig(rank=args.lora))))
+        workers["lora"].train_step(make_batch([args.min_len, args.min_len], vocab, args.seed + 7))  # warm-up
+
     def step(w: LearnerWorker, packing: bool) -> tuple[float, float, int]:
         w.algo.packing = packing
         t0, c0 = time.perf_counter(), time.process_time()
@@ -102,11 +112,18 @@ def run(args: argparse.Namespace) -> dict:
     sides = {"padded": side("padded", False), "packed": side("packed", True)}
     if args.critic:
         sides["ppo"] = side("ppo", True)
+    if args.lora:
+        sides["lora"] = side("lora", True)
     seconds = interleave(sides, args.rounds)
     out["rounds"] = args.rounds
     if args.critic:
         out.update(summary("ppo_seconds", seconds["ppo"]))
         out["ratio_ppo_over_grpo"] = ratio(seconds["ppo"], seconds["packed"])
+    if args.lora:
+        out.update(summary("lora_seconds", seconds["lora"]))
+        out["lora_rank"] = args.lora
+        out["lora_tokens_per_s"] = round(sum(lengths) / statistics.median(seconds["lora"]), 1)
+        out["ratio_lora_over_full"] = ratio(seconds["lora"], seconds["packed"])
     for name in ("padded", "packed"):
         out.update(summary(f"{name}_seconds", seconds[name]))
         out[f"{name}_cpu_seconds"] = round(statistics.median(r[1] for r in runs[name]), 2)
