@@ -88,6 +88,9 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     cache_dir: Optional[str] = None  # where the default model's safetensors copy is cached
     lora: LoraConfig = field(default_factory=LoraConfig)
+    # the learner's forward and backward under bf16 autocast on a CPU with native bf16 (avx512_bf16 or amx_bf16;
+    # elsewhere fp32, said once); master weights and optimizer state stay fp32. GPUs always compute in bf16.
+    cpu_bf16: bool = False
 
     def __post_init__(self) -> None:
         if self.name == "custom" and not self.path:

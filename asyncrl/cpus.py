@@ -30,3 +30,14 @@ def cpu_threads(mode: str, cpus: int, engines: int, learner_ranks: int) -> tuple
         return max(1, cpus // engines), max(1, cpus // learner_ranks)
     engine_share = cpus // 2
     return max(1, engine_share // engines), max(1, (cpus - engine_share) // learner_ranks)
+
+
+def native_bf16() -> bool:
+    """The CPU computes bf16 natively (the avx512_bf16 or amx_bf16 flag in /proc/cpuinfo); elsewhere torch
+    emulates bf16, slower than fp32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))

@@ -15,8 +15,9 @@ GAE, the policy update, the critic's update) on a second worker, and ratio_ppo_o
 time over the packed GRPO step's: what the critic costs.
 
 With `--lora R`, another side: the same packed step training LoRA adapters of rank R (model.lora.rank) on a
-second worker, and ratio_lora_over_full = its median time over the full fine-tuning packed step's, with
-lora_tokens_per_s.
+second worker, and ratio_lora_over_full = the full fine-tuning packed step's median time over its own (> 1: LoRA
+is faster), with lora_tokens_per_s. With `--cpu-bf16`, a side with bf16 autocast (model.cpu_bf16) and
+ratio_bf16_over_fp32, likewise the fp32 step's time over the bf16 one's.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="interleaved rounds; medians are reported")
     parser.add_argument("--critic", action="store_true", help="add PPO with a critic as a third side")
     parser.add_argument("--lora", type=int, default=0, help="add a LoRA side of this rank (0: none)")
+    parser.add_argument("--cpu-bf16", action="store_true", help="add a side with bf16 autocast (model.cpu_bf16)")
 
 
 def lengths_long_tailed(n: int, lo: int, hi: int, seed: int) -> list[int]:
@@ -91,6 +93,9 @@ def run(args: argparse.Namespace) -> dict:
             critic=CriticConfig(lr=1e-7))))
         workers["ppo"].train_step(make_batch([args.min_len, args.min_len], vocab, args.seed + 7))  # warm-up
 
+    if args.cpu_bf16:
+        workers["bf16"] = LearnerWorker(replace(cfg, model=replace(cfg.model, cpu_bf16=True)))
+        workers["bf16"].train_step(make_batch([args.min_len, args.min_len], vocab, args.seed + 7))  # warm-up
     if args.lora:
         workers["lora"] = LearnerWorker(replace(cfg, model=replace(cfg.model, lora=LoraConfig(rank=args.lora))))
         workers["lora"].train_step(make_batch([args.min_len, args.min_len], vocab, args.seed + 7))  # warm-up
@@ -114,16 +119,23 @@ def run(args: argparse.Namespace) -> dict:
         sides["ppo"] = side("ppo", True)
     if args.lora:
         sides["lora"] = side("lora", True)
+    if args.cpu_bf16:
+        sides["bf16"] = side("bf16", True)
     seconds = interleave(sides, args.rounds)
     out["rounds"] = args.rounds
     if args.critic:
         out.update(summary("ppo_seconds", seconds["ppo"]))
         out["ratio_ppo_over_grpo"] = ratio(seconds["ppo"], seconds["packed"])
+    if args.cpu_bf16:
+        out.update(summary("bf16_seconds", seconds["bf16"]))
+        out["bf16_native"] = workers["bf16"].cpu_bf16
+        out["bf16_tokens_per_s"] = round(sum(lengths) / statistics.median(seconds["bf16"]), 1)
+        out["ratio_bf16_over_fp32"] = ratio(seconds["packed"], seconds["bf16"])  # > 1: bf16 is faster
     if args.lora:
         out.update(summary("lora_seconds", seconds["lora"]))
         out["lora_rank"] = args.lora
         out["lora_tokens_per_s"] = round(sum(lengths) / statistics.median(seconds["lora"]), 1)
-        out["ratio_lora_over_full"] = ratio(seconds["lora"], seconds["packed"])
+        out["ratio_lora_over_full"] = ratio(seconds["packed"], seconds["lora"])  # > 1: LoRA is faster
     for name in ("padded", "packed"):
         out.update(summary(f"{name}_seconds", seconds[name]))
         out[f"{name}_cpu_seconds"] = round(statistics.median(r[1] for r in runs[name]), 2)

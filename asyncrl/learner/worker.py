@@ -27,6 +27,7 @@ for one rank).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterator
@@ -39,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.config import Config
+from asyncrl.cpus import native_bf16
 from asyncrl.learner import checkpoint as ckpt
 from asyncrl.learner.advantages import compute_advantages, group_index, turn_credit_advantages
 from asyncrl.learner.critic import Critic
@@ -63,6 +65,9 @@ from asyncrl.weight_sync.bucketing import iter_buckets
 
 class NonFiniteTrainingError(RuntimeError):
     """Too many optimizer steps in a row had a non-finite loss or gradient norm."""
+
+
+log = logging.getLogger(__name__)
 
 
 def lr_lambda(warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float):
@@ -115,6 +120,10 @@ class LearnerWorker:
             self.device = f"cuda:{torch.cuda.current_device()}"
         init_distributed(rank, world_size, self.device, timeout_s=cfg.trainer.learner_timeout_s)
         self.temperature = effective_temperature(cfg.agent.sampling.temperature)
+        self.cpu_bf16 = self.device == "cpu" and cfg.model.cpu_bf16 and native_bf16()
+        if self.device == "cpu" and cfg.model.cpu_bf16 and not self.cpu_bf16 and rank == 0:
+            log.warning("model.cpu_bf16=true but this CPU has no native bf16 (avx512_bf16 / amx_bf16): the learner "
+                        "computes in fp32")
         tok = load_tokenizer(cfg.model)
         self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0))
         master_dtype = "float32" if cfg.model.dtype == "auto" else cfg.model.dtype
@@ -172,6 +181,8 @@ class LearnerWorker:
     def _autocast(self):
         if self.device.startswith("cuda") and self.world_size == 1:
             return torch.autocast("cuda", dtype=torch.bfloat16)
+        if self.cpu_bf16:
+            return torch.autocast("cpu", dtype=torch.bfloat16)
         return nullcontext()
 
     def _logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:

@@ -1,0 +1,54 @@
+"""model.cpu_bf16: bf16 autocast for the learner on a CPU with native bf16, fp32 masters; fp32 elsewhere."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from asyncrl import cpus
+from asyncrl.learner import worker as worker_mod
+from tests.learner.helpers import make_batch, make_cfg
+
+
+def _cfg(tiny_model_dir, on: bool):
+    cfg = make_cfg(tiny_model_dir)
+    return replace(cfg, model=replace(cfg.model, cpu_bf16=on))
+
+
+@pytest.mark.skipif(not cpus.native_bf16(), reason="this CPU has no native bf16 (avx512_bf16 / amx_bf16)")
+def test_bf16_logits_are_close_to_fp32_and_masters_stay_fp32(tiny_model_dir):
+    from asyncrl.learner.packing import build_micro_batch
+
+    fp32 = worker_mod.LearnerWorker(_cfg(tiny_model_dir, False))
+    bf16 = worker_mod.LearnerWorker(_cfg(tiny_model_dir, True))
+    assert bf16.cpu_bf16 and not fp32.cpu_bf16
+    specs = [s for s in _specs(make_batch(seed=5))]
+    mb = build_micro_batch(specs, list(range(len(specs))), True, fp32.pad_id)
+    a, b = fp32._logits(fp32.model, mb), bf16._logits(bf16.model, mb)
+    assert b.dtype == torch.bfloat16 and a.dtype == torch.float32
+    assert torch.allclose(a, b.float(), atol=0.1, rtol=0.05) and not torch.equal(a, b.float())
+    m = bf16.train_step(make_batch(seed=6))
+    assert torch.isfinite(torch.tensor(m["learner/loss"]))
+    assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
+    assert all(s["exp_avg"].dtype == torch.float32 for s in bf16.optimizer.state.values())
+
+
+def test_without_native_bf16_the_learner_stays_fp32_and_says_so(tiny_model_dir, monkeypatch, caplog):
+    monkeypatch.setattr(worker_mod, "native_bf16", lambda: False)
+    w = worker_mod.LearnerWorker(_cfg(tiny_model_dir, True))
+    assert not w.cpu_bf16
+    assert "has no native bf16" in caplog.text
+
+
+def _specs(batch):
+    import numpy as np
+
+    from asyncrl.learner.packing import SeqSpec
+
+    out = []
+    for t in batch.trajectories():
+        ids = np.concatenate([t.prompt_ids.numpy(), t.response_ids.numpy()]).astype(np.int64)
+        out.append(SeqSpec(torch.from_numpy(ids), len(t.prompt_ids), torch.from_numpy(t.loss_mask.numpy().astype(bool))))
+    return out
