@@ -242,8 +242,13 @@ class EnvConfig:
 
 @dataclass
 class CriticConfig:
-    """The value model of adv_estimator=gae (PPO): colocated with the policy on the learner ranks."""
+    """The value model of adv_estimator=gae (PPO): on the learner ranks, or on ranks of its own."""
 
+    # colocated: sharded on the learner's ranks (no transfer; the step runs values, policy, critic in turn);
+    # separate: `ranks` processes of its own (FSDP2 over their own group): its update runs while the policy
+    # syncs weights and waits for the next batch
+    placement: Literal["colocated", "separate"] = "colocated"
+    ranks: int = 1  # placement=separate: the critic's ranks
     path: Optional[str] = None  # a causal-LM checkpoint whose trunk starts the critic (null: the policy's model)
     lr: float = 1e-5
     cliprange_value: float = 0.5  # clipped value loss: new values kept within this of the step's old values
@@ -254,6 +259,7 @@ class CriticConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "algorithm.critic", "lr")
+        _at_least(self, "algorithm.critic", 1, "ranks")
         _check(math.isfinite(self.cliprange_value) and self.cliprange_value > 0, "algorithm.critic.cliprange_value",
                f"must be > 0, got {self.cliprange_value}")
         _at_least(self, "algorithm.critic", 0, "warmup_steps")

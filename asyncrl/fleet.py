@@ -26,14 +26,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
+import msgspec
 import ray
 
 from asyncrl.config import Config
 from asyncrl.env_api import load_rows
 from asyncrl.group_ids import parse_group_id
 from asyncrl.job_state import JobState, RolloutPosition, RolloutState, StepResult
-from asyncrl.learner.checkpoint import step_dir
-from asyncrl.learner_group import LearnerGroup
+from asyncrl.learner.checkpoint import critic_dir, step_dir
+from asyncrl.learner_group import CriticGroup, LearnerGroup
 from asyncrl.supervisor import Supervisor
 
 log = logging.getLogger("asyncrl")
@@ -50,6 +51,7 @@ class Fleet:
         self.buffer = None
         self.engines: list[Any] = []
         self.learners: Optional[LearnerGroup] = None
+        self.critics: Optional[CriticGroup] = None  # algorithm.critic.placement=separate
         self.supervisor: Optional[Supervisor] = None
         self.evaluator = None
         self.reward_model = None  # the RewardModelActor (reward_model.kind=discriminative)
@@ -87,6 +89,10 @@ class Fleet:
         status(f"starting {cfg.trainer.learner_ranks} learner rank(s) and "
                f"{'attaching' if cfg.engine.urls else 'launching'} {n_engines} engine(s)")
         self.learners = LearnerGroup(cfg, consumer, learner_threads)
+        c = cfg.algorithm.critic
+        if cfg.algorithm.adv_estimator == "gae" and c.placement == "separate":  # the critic's own ranks
+            status(f"starting {c.ranks} critic rank(s)")
+            self.critics = CriticGroup(cfg, learner_threads)
         if cfg.reward_model.kind == "discriminative":  # its own worker, shared by every rollout worker
             from asyncrl.rollout.reward_model import reward_model_actor
 
@@ -99,6 +105,8 @@ class Fleet:
                             for i in range(cfg.engine.num_engines)]
             self.engine_urls = ray.get([e.start.remote() for e in self.engines])
         self.learners.wait_ready()
+        if self.critics is not None:
+            self.critics.wait_ready()
         self.supervisor = Supervisor(engines=self.engines, engine_urls=self.engine_urls, learners=self.learners,
                                      base_weights=model_dir, restart_weights=self.out / "engine_restart_weights",
                                      spawn_worker=self._spawn_worker, buffer=self.buffer,
@@ -107,6 +115,12 @@ class Fleet:
         version = 0
         if resume_from is not None:
             status(f"loading checkpoint {resume_from}")
+            if self.critics is not None:  # its part first: written before the learner's (checkpoint.py)
+                critic_part = critic_dir(resume_from)
+                if not (critic_part / "COMPLETE").is_file():
+                    raise ValueError(f"checkpoint {resume_from} has no complete critic part at {critic_part} "
+                                     "(saved without algorithm.critic.placement=separate?)")
+                self.critics.load_checkpoint(str(critic_part))
             job, version = self.learners.load_checkpoint(str(resume_from), highest_published)
             if len(job.rollout) != len(positions):
                 raise ValueError(f"checkpoint {resume_from} holds {len(job.rollout)} rollout positions, the config "
@@ -144,6 +158,8 @@ class Fleet:
                 _quietly(lambda: ray.kill(a))
         if self.learners is not None:
             self.learners.kill()
+        if self.critics is not None:
+            self.critics.kill()
 
     # ------------------------------------------------------------------ the step
 
@@ -225,7 +241,14 @@ class Fleet:
         return [s for s in self.supervisor.states if s is not None] if self.supervisor is not None else []
 
     def train(self, batch: Any) -> StepResult:
-        result = self.learners.train_step(batch)
+        if self.critics is None:
+            result = self.learners.train_step(batch)
+        else:  # values from the critic's ranks, the policy's step, then the critic's update in the background
+            values, critic_steps = self.critics.values(batch)
+            previous = self.critics.take_metrics()  # the last update's (it ran before `values`): logged now
+            result = self.learners.train_step(batch, values, critic_steps)
+            self.critics.start_update(batch, *result.critic_targets)
+            result = msgspec.structs.replace(result, critic_targets=None, metrics={**result.metrics, **previous})
         self.step += 1
         self.optimizer_steps_skipped = int(result.metrics.get("learner/skipped_steps_nonfinite", 0))
         return result
@@ -287,6 +310,8 @@ class Fleet:
     def checkpoint(self, ckpt_root: Path) -> Path:
         self.supervisor.check(self.version)  # the freshest rollout positions
         path = step_dir(ckpt_root, self.step)
+        if self.critics is not None:  # before the learner's part, whose save commits the batches (checkpoint.py)
+            self.critics.save_checkpoint(str(critic_dir(path)))
         self.learners.save_checkpoint(str(path), JobState(step=self.step, rollout=list(self.supervisor.positions)))
         self.last_checkpoint_step = self.step
         log.info("checkpoint written: %s", path)

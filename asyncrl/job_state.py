@@ -15,6 +15,8 @@ the field, instead of travelling on as an untyped dict:
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 
@@ -78,3 +80,5 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True):
     batch_id: int
     trained_uids: list[str]
     metrics: dict[str, float]
+    # a critic on its own ranks: (returns, old values) per trajectory, the targets of its update (rank 0's)
+    critic_targets: Any = None

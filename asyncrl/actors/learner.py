@@ -69,17 +69,18 @@ class LearnerActor:
         on timeout (the staleness bound is the buffer's, set when it was built)."""
         return self.consumer.get_batch(self.cfg.trainer.batch_groups, self.worker.version, timeout_s=timeout_s)
 
-    def train_step(self, batch: Any) -> StepResult:
-        """Train on `batch` (every rank); the result carries the new version, the batch's uids and metrics."""
+    def train_step(self, batch: Any, critic_values: Any = None, critic_steps: int = 0) -> StepResult:
+        """Train on `batch` (every rank); the result carries the new version, the batch's uids and metrics
+        (and, with a critic on its own ranks, given its values, the targets of its update)."""
         t0 = time.perf_counter()
         trained_on = batch_metrics(batch, self.worker.version) if self.rank == 0 else {}  # staleness before the step
-        metrics = {**self.worker.train_step(batch), **trained_on}
+        metrics = {**self.worker.train_step(batch, critic_values, critic_steps), **trained_on}
         if self.rank == 0:
             self.uncommitted.append(batch.batch_id)
             metrics["learner/step_seconds"] = time.perf_counter() - t0
         return StepResult(version=self.worker.version, batch_id=batch.batch_id,
                           trained_uids=[t.uid for t in batch.trajectories()] if self.rank == 0 else [],
-                          metrics=metrics)
+                          metrics=metrics, critic_targets=self.worker.critic_targets if self.rank == 0 else None)
 
     # ------------------------------------------------------------------ weights
 

@@ -71,11 +71,20 @@ def checkpoint_version(path: str | os.PathLike) -> int:
     return int(meta["version"])
 
 
+def critic_dir(step_path: str | os.PathLike) -> Path:
+    """Where a critic on its own ranks saves its part of checkpoint `step_path`: beside it, written BEFORE the
+    learner's part (whose save commits the trained batches to the buffer), so a complete learner checkpoint
+    always has its critic."""
+    p = Path(step_path)
+    return p.with_name(p.name + ".critic")
+
+
 def prune_checkpoints(root: str | os.PathLike, keep: int) -> None:
-    """Delete all but the newest `keep` checkpoints under `root` (keep <= 0: delete none)."""
+    """Delete all but the newest `keep` checkpoints under `root` (keep <= 0: delete none), with their critics."""
     found = _step_dirs(root)
     for _, p in found[:-keep] if keep > 0 else []:
         shutil.rmtree(p, ignore_errors=True)
+        shutil.rmtree(critic_dir(p), ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -142,3 +142,76 @@ class Critic:
         return {"critic/value_loss": float(sums[0]) / n, "critic/vf_clip_frac": float(sums[1] / max(sums[2], 1)),
                 "critic/grad_norm": float(sums[3]) / (n * (w.world_size if w.world_size > 1 else 1)),
                 "critic/version": float(self.steps)}
+
+
+class CriticWorker:
+    """One rank of a critic group of its own (algorithm.critic.placement=separate): the same `Critic`, hosted
+    by a process that holds no policy, sharded by FSDP2 over the critic ranks' own process group.
+
+    Per step the controller asks it for `values(batch)` (this critic version's values, before the policy's
+    update), hands those to the learner, and gives back the learner's GAE targets with `update(batch, returns,
+    old_values)`, which runs while the learner syncs weights and waits for the next batch; Ray runs one actor's
+    calls in order, so the next `values` comes from the updated critic. Warm-up counts its `steps`."""
+
+    def __init__(self, cfg: Any, rank: int = 0, world_size: int = 1):
+        from asyncrl.learner.distributed import init_distributed
+        from asyncrl.models import default_device, load_tokenizer
+
+        self.cfg, self.algo, self.rank, self.world_size = cfg, cfg.algorithm, rank, world_size
+        self.device = default_device()
+        if self.device.startswith("cuda"):
+            import os
+
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            self.device = f"cuda:{torch.cuda.current_device()}"
+        init_distributed(rank, world_size, self.device, timeout_s=cfg.trainer.learner_timeout_s)
+        tok = load_tokenizer(cfg.model)
+        self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0))
+        self.critic = Critic(self)
+
+    def shard(self, model: torch.nn.Module) -> None:
+        from asyncrl.learner.distributed import shard_fsdp2
+
+        shard_fsdp2(model, self.world_size, self.device)
+
+    def _max_over_ranks(self, n: int) -> int:
+        from asyncrl.learner.distributed import max_over_ranks
+
+        return max_over_ranks(n, self.world_size, self.device)
+
+    @property
+    def steps(self) -> int:
+        return self.critic.steps
+
+    def values(self, batch: Any) -> list[torch.Tensor]:
+        """Collective: the values of every trajectory of `batch` (each rank computes a share, all get all)."""
+        from asyncrl.learner.distributed import all_gather_dict
+        from asyncrl.learner.packing import specs_of
+
+        specs, _ = specs_of(batch.trajectories())
+        vals = all_gather_dict(self.critic.values(specs, list(range(self.rank, len(specs), self.world_size))),
+                               self.world_size)
+        return [vals[i] for i in range(len(specs))]
+
+    def update(self, batch: Any, returns: list[torch.Tensor], old_values: list[torch.Tensor]) -> dict[str, float]:
+        """Collective: the clipped value-loss updates on the learner's targets; the critic's metrics."""
+        from asyncrl.learner.packing import specs_of
+
+        specs, masks = specs_of(batch.trajectories())
+        n = len(specs)
+        minibatches = [list(c) for c in np.array_split(np.arange(n), min(self.algo.minibatches, n))]
+        return self.critic.update(minibatches, specs, masks, returns, old_values)
+
+    def save_checkpoint(self, path: str) -> None:
+        """Collective: the critic's model, optimizer and step count (DCP, atomic, its own COMPLETE marker)."""
+        from asyncrl.learner import checkpoint as ckpt
+        from asyncrl.secrets import shown_config
+
+        ckpt.save(path, self.critic.model, self.critic.optimizer, meta={"critic_steps": self.critic.steps},
+                  config=shown_config(self.cfg))
+
+    def load_checkpoint(self, path: str) -> None:
+        from asyncrl.learner import checkpoint as ckpt
+
+        meta = ckpt.load(path, self.critic.model, self.critic.optimizer)
+        self.critic.steps = int(meta["critic_steps"])

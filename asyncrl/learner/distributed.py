@@ -41,6 +41,46 @@ def init_distributed(rank: int, world_size: int, device: str = "cpu", timeout_s:
                             timeout=timedelta(seconds=timeout_s) if timeout_s else None)
 
 
+def shard_fsdp2(model: torch.nn.Module, world_size: int, device: str) -> None:
+    """FSDP2 over the default group's ranks (each decoder block, then the whole); nothing with one rank. The
+    one way the learner and a critic of its own shard their models."""
+    if world_size == 1:
+        return
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp_policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                 if device.startswith("cuda") else MixedPrecisionPolicy())
+    block_names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in block_names]
+    if not blocks:
+        raise RuntimeError(f"{type(model).__name__}: no decoder blocks found to shard (_no_split_modules={block_names})")
+    for block in blocks:
+        fully_shard(block, mp_policy=mp_policy)
+    fully_shard(model, mp_policy=mp_policy)
+
+
+def comm_device(device: str) -> str:
+    return device if dist.get_backend() == "nccl" else "cpu"
+
+
+def max_over_ranks(n: int, world_size: int, device: str) -> int:
+    """The largest `n` of all ranks (collective)."""
+    if world_size == 1:
+        return n
+    t = torch.tensor([n], dtype=torch.long, device=comm_device(device))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def all_gather_dict(d: dict[int, torch.Tensor], world_size: int) -> dict[int, torch.Tensor]:
+    """Every rank's {index: tensor} merged (collective); `d` itself with one rank."""
+    if world_size == 1:
+        return d
+    parts: list[Any] = [None] * world_size
+    dist.all_gather_object(parts, {k: v.numpy() for k, v in d.items()})
+    return {k: torch.from_numpy(v) for p in parts for k, v in p.items()}
+
+
 def _entry(rank: int, fn: Callable, world_size: int, port: int, args: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))

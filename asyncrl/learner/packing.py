@@ -184,3 +184,17 @@ def scatter_rows(values: torch.Tensor, mb: MicroBatch, width: int | None = None)
     width = mb.max_response if width is None else width
     out = values.new_zeros((len(mb.seq_index), width))
     return out.index_put((mb.out_row, mb.out_col), values)
+
+
+def specs_of(trajs: list) -> tuple[list[SeqSpec], list[torch.Tensor]]:
+    """Each trajectory (validated) as a SeqSpec of prompt + response ids, and its loss mask (bool [R])."""
+    import numpy as np
+
+    specs, masks = [], []
+    for t in trajs:
+        t.validate()
+        ids = np.concatenate([t.prompt_ids.numpy(), t.response_ids.numpy()]).astype(np.int64)
+        m = torch.from_numpy(t.loss_mask.numpy().astype(bool))
+        specs.append(SeqSpec(torch.from_numpy(ids), len(t.prompt_ids), m))
+        masks.append(m)
+    return specs, masks

@@ -44,7 +44,13 @@ from asyncrl.cpus import native_bf16
 from asyncrl.learner import checkpoint as ckpt
 from asyncrl.learner.advantages import compute_advantages, group_index, turn_credit_advantages
 from asyncrl.learner.critic import Critic
-from asyncrl.learner.distributed import init_distributed
+from asyncrl.learner.distributed import (
+    all_gather_dict,
+    comm_device,
+    init_distributed,
+    max_over_ranks,
+    shard_fsdp2,
+)
 from asyncrl.learner.gae import gae, place_rewards, whiten
 from asyncrl.learner.importance import importance_weights
 from asyncrl.learner.logprobs import effective_temperature, logprobs_and_entropy
@@ -57,6 +63,7 @@ from asyncrl.learner.packing import (
     kept_logits,
     plan_micro_batches,
     scatter_rows,
+    specs_of,
 )
 from asyncrl.models import default_device, load_model, load_tokenizer
 from asyncrl.secrets import shown_config
@@ -129,7 +136,11 @@ class LearnerWorker:
         master_dtype = "float32" if cfg.model.dtype == "auto" else cfg.model.dtype
         self.model = self._build(master_dtype, trainable=True)
         self.ref_model = self._build(master_dtype, trainable=False) if self.algo.kl_coef > 0 else None
-        self.critic = Critic(self) if self.algo.adv_estimator == "gae" else None
+        gae_critic = self.algo.adv_estimator == "gae"
+        # placement=separate: the values come with each batch from the critic's own ranks (CriticWorker)
+        self.critic = Critic(self) if gae_critic and self.algo.critic.placement == "colocated" else None
+        self.separate_critic = gae_critic and self.algo.critic.placement == "separate"
+        self.critic_targets: Any = None  # separate critic: (returns, old values) of the last step, for its update
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=self.algo.lr,
             betas=tuple(self.algo.betas), weight_decay=self.algo.weight_decay,
@@ -163,20 +174,8 @@ class LearnerWorker:
         return model
 
     def shard(self, model: torch.nn.Module) -> None:
-        """FSDP2 over the learner's ranks (each decoder block, then the whole); nothing with one rank."""
-        if self.world_size == 1:
-            return
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if self.device.startswith("cuda") else MixedPrecisionPolicy())
-        block_names = set(getattr(model, "_no_split_modules", None) or [])
-        blocks = [m for m in model.modules() if type(m).__name__ in block_names]
-        if not blocks:
-            raise RuntimeError(f"{type(model).__name__}: no decoder blocks found to shard (_no_split_modules={block_names})")
-        for block in blocks:
-            fully_shard(block, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
+        """FSDP2 over the learner's ranks (asyncrl/learner/distributed.py `shard_fsdp2`)."""
+        shard_fsdp2(model, self.world_size, self.device)
 
     def _autocast(self):
         if self.device.startswith("cuda") and self.world_size == 1:
@@ -199,14 +198,10 @@ class LearnerWorker:
             (out.logits.float().sum() * 0.0).backward()
 
     def _max_over_ranks(self, n: int) -> int:
-        if self.world_size == 1:
-            return n
-        t = torch.tensor([n], dtype=torch.long, device=self._comm_device())
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
+        return max_over_ranks(n, self.world_size, self.device)
 
     def _comm_device(self) -> str:
-        return self.device if dist.get_backend() == "nccl" else "cpu"
+        return comm_device(self.device)
 
     # ------------------------------------------------------------------ scoring
 
@@ -229,29 +224,24 @@ class LearnerWorker:
         return out
 
     def _all_gather_dict(self, d: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-        if self.world_size == 1:
-            return d
-        parts: list[Any] = [None] * self.world_size
-        dist.all_gather_object(parts, {k: v.numpy() for k, v in d.items()})
-        return {k: torch.from_numpy(v) for p in parts for k, v in p.items()}
+        return all_gather_dict(d, self.world_size)
 
     # ------------------------------------------------------------------ training
 
-    def train_step(self, batch: Any) -> dict[str, float]:
-        """One policy version: advantages, proximal forward, epochs x minibatches updates. Returns metrics."""
+    def train_step(self, batch: Any, critic_values: Any = None, critic_steps: int = 0) -> dict[str, float]:
+        """One policy version: advantages, proximal forward, epochs x minibatches updates. Returns metrics.
+        With a critic on its own ranks, `critic_values` are its values of the batch (one float32 [R] per
+        trajectory) and `critic_steps` its updates so far (warm-up); the GAE targets are left in
+        `critic_targets` for its update."""
+        if self.separate_critic and critic_values is None:
+            raise ValueError("algorithm.critic.placement=separate: train_step needs the critic's values of the batch")
         t0 = time.perf_counter()
         a = self.algo
         trajs = batch.trajectories()
         if not trajs:
             raise ValueError(f"batch {getattr(batch, 'batch_id', '?')} holds no trajectories")
-        specs, behav, masks = [], [], []
-        for t in trajs:
-            t.validate()
-            ids = np.concatenate([t.prompt_ids.numpy(), t.response_ids.numpy()]).astype(np.int64)
-            m = torch.from_numpy(t.loss_mask.numpy().astype(bool))
-            specs.append(SeqSpec(torch.from_numpy(ids), len(t.prompt_ids), m))
-            behav.append(torch.from_numpy(t.behavior_logprobs.numpy().astype(np.float32)))
-            masks.append(m)
+        specs, masks = specs_of(trajs)
+        behav = [torch.from_numpy(t.behavior_logprobs.numpy().astype(np.float32)) for t in trajs]
         n_traj = len(trajs)
         minibatches = [list(c) for c in np.array_split(np.arange(n_traj), min(a.minibatches, n_traj))]
         local_all = [i for mb in minibatches for i in mb[self.rank :: self.world_size]]
@@ -270,8 +260,9 @@ class LearnerWorker:
                                       torch.zeros_like(policy[i])) for i in range(n_traj)]
             n_tok = max(sum(int(m.sum()) for m in masks), 1)
             metrics["learner/kl_reward"] = float(sum(float(k.sum()) for k in kl_rewards)) / n_tok
-        if self.critic is not None:
-            adv, adv_tokens, returns, old_values = self._gae(trajs, specs, masks, local_all, metrics, kl_rewards)
+        if self.critic is not None or self.separate_critic:
+            adv, adv_tokens, returns, old_values = self._gae(trajs, specs, masks, local_all, metrics, kl_rewards,
+                                                             critic_values)
         elif a.turn_credit:
             adv, adv_tokens = turn_credit_advantages(
                 a.adv_estimator, [t.reward for t in trajs], group_index([t.group_id for t in trajs]),
@@ -298,7 +289,8 @@ class LearnerWorker:
         lrs = []
         compute_tokens = 0
         stepped = 0
-        update_policy = self.critic is None or self.critic.steps >= a.critic.warmup_steps
+        done_critic_steps = self.critic.steps if self.critic is not None else critic_steps
+        update_policy = (self.critic is None and not self.separate_critic) or done_critic_steps >= a.critic.warmup_steps
         for _ in range(a.epochs if update_policy else 0):
             for mb_idx in minibatches:
                 step_sums, step_max, ct = self._minibatch_update(mb_idx, specs, behav, masks, adv_tokens or adv,
@@ -318,6 +310,9 @@ class LearnerWorker:
             self.version = max(self.version, self.highest_published) + 1
         if self.critic is not None:
             metrics.update(self.critic.update(minibatches, specs, masks, returns, old_values))
+        if self.separate_critic:
+            self.critic_targets = (returns, old_values)
+        if self.critic is not None or self.separate_critic:
             metrics["critic/policy_updated"] = float(update_policy)
         n_steps = max(a.epochs * len(minibatches) if update_policy else 0, 1)
         tokens = float(sum(int(m.sum()) for m in masks))
@@ -348,13 +343,17 @@ class LearnerWorker:
         })
         return metrics
 
-    def _gae(self, trajs, specs, masks, local_all, metrics, kl_rewards=None):
-        """Critic values (this critic version), placed rewards -> GAE advantages and value targets per token.
+    def _gae(self, trajs, specs, masks, local_all, metrics, kl_rewards=None, critic_values=None):
+        """Critic values (this critic version: the colocated critic's, or `critic_values` from the critic's own
+        ranks), placed rewards -> GAE advantages and value targets per token.
         Returns (per-trajectory mean advantage [N] for metrics, per-token advantages, returns, old values)."""
         c = self.algo.critic
         t0 = time.perf_counter()
-        vals = self._all_gather_dict(self.critic.values(specs, local_all))
-        old_values = [vals[i] for i in range(len(trajs))]
+        if critic_values is not None:
+            old_values = [torch.as_tensor(v, dtype=torch.float32) for v in critic_values]
+        else:
+            vals = self._all_gather_dict(self.critic.values(specs, local_all))
+            old_values = [vals[i] for i in range(len(trajs))]
         adv_tokens, returns = [], []
         for i, (t, m, v) in enumerate(zip(trajs, masks, old_values)):
             rewards = place_rewards(m.numel(), m, t.reward, placed_rewards(t))

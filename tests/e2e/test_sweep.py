@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 from safetensors import safe_open
 
@@ -18,11 +19,11 @@ pytestmark = [pytest.mark.timeout(420)]
 
 def test_a_two_point_sweep_over_the_algorithm_group_runs_grpo_and_ppo_in_their_own_dirs_and_summarizes(
         tiny_model_dir, tmp_path):
-    """A sweep over a config group: one GRPO run and one PPO run (adv_estimator=gae, its critic on the
-    learner rank), both with LoRA adapters (model.lora.rank=4), each trained end to end in its own dir with a discriminative reward model (a tiny
+    """A sweep over a config group: one GRPO run and one PPO run (adv_estimator=gae, its critic on a rank of
+    its own: algorithm.critic.placement=separate), both with LoRA adapters (model.lora.rank=4), each trained
+    end to end in its own dir with a discriminative reward model (a tiny
     sequence-classification model built here, on its own Ray worker) scoring every episode before the
     buffer; the PPO run logs its critic's metrics."""
-    import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
 
     rm = tmp_path / "rm"
@@ -33,7 +34,8 @@ def test_a_two_point_sweep_over_the_algorithm_group_runs_grpo_and_ppo_in_their_o
     AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(rm)
     base = [o for o in _overrides(tiny_model_dir, tmp_path / "unused", **{
         "trainer.total_steps": 1, "reward_model.kind": "discriminative", "reward_model.path": str(rm),
-        "reward_model.weight": 0.5, "trainer.dump_trajectories": 1.0, "model.lora.rank": 4})
+        "reward_model.weight": 0.5, "trainer.dump_trajectories": 1.0, "model.lora.rank": 4,
+        "algorithm.critic.placement": "separate"})
         if not o.startswith("trainer.output_dir=")]
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "asyncrl.cli", "train", "-m", f"hydra.sweep.dir={sweep}", "algorithm=grpo,ppo", *base]
@@ -57,7 +59,11 @@ def test_a_two_point_sweep_over_the_algorithm_group_runs_grpo_and_ppo_in_their_o
         assert all(d["reward"] == pytest.approx(d["metrics"]["reward/rule"] + 0.5 * d["metrics"]["reward/model"],
                                                 abs=1e-5) for d in dumped)
     ppo = [json.loads(line) for line in (sweep / "1_algorithm=ppo" / "metrics.jsonl").read_text().splitlines()]
-    assert any(m.get("critic/version") == 1 and m["critic/value_loss"] >= 0 for m in ppo), ppo[-1]
+    assert any(m.get("critic/values_seconds", -1) >= 0 for m in ppo), ppo[-1]
+    # the critic on its own rank: its part of the checkpoint beside the learner's, complete, at its first update
+    critic_part = sweep / "1_algorithm=ppo" / "checkpoints" / "step_000001.critic"
+    assert (critic_part / "COMPLETE").is_file()
+    assert torch.load(critic_part / "meta.pt", weights_only=False)["critic_steps"] == 1
     grpo = [json.loads(line) for line in (sweep / "0_algorithm=grpo" / "metrics.jsonl").read_text().splitlines()]
     assert not any(k.startswith("critic/") for m in grpo for k in m)
     summary = json.loads((sweep / "summary.json").read_text())

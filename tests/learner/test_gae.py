@@ -214,3 +214,34 @@ def test_the_kl_penalty_lowers_each_gae_return_by_the_penalty_to_go(tiny_model_d
         to_go = torch.flip(torch.cumsum(torch.flip(m.double(), [0]), 0), [0])  # generated tokens from t on
         want = torch.where(m, r0.double() - 0.05 * to_go, torch.zeros_like(to_go))
         assert torch.allclose(r1.double(), want, atol=1e-5)
+
+
+def test_a_critic_on_its_own_ranks_gives_the_colocated_critics_step(tiny_model_dir):
+    """placement=separate: values from a CriticWorker, the learner's GAE targets back to it for its update;
+    the policy's step and the critic's update equal the colocated critic's on the same batch (warm-up too)."""
+    from asyncrl.learner.critic import CriticWorker
+    from asyncrl.learner.worker import LearnerWorker
+    from tests.learner.helpers import make_batch, make_cfg
+
+    def cfg(placement):
+        return make_cfg(tiny_model_dir, adv_estimator="gae", critic=CriticConfig(lr=1e-3, placement=placement,
+                                                                                  warmup_steps=1))
+
+    colocated = LearnerWorker(cfg("colocated"))
+    learner, critic = LearnerWorker(cfg("separate")), CriticWorker(cfg("separate"))
+    assert learner.critic is None and learner.separate_critic
+    with pytest.raises(ValueError, match="needs the critic's values"):
+        learner.train_step(make_batch(seed=1))
+    for seed in (1, 2):  # step 1: critic warm-up (the policy is not updated); step 2: both update
+        batch = make_batch(seed=seed)
+        want = colocated.train_step(batch)
+        got = learner.train_step(batch, critic.values(batch), critic.steps)
+        got.update(critic.update(batch, *learner.critic_targets))
+        for k in ("learner/loss", "critic/values_mean", "critic/returns_mean", "critic/value_loss",
+                  "critic/policy_updated", "critic/version"):
+            assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-7), (seed, k)
+    assert learner.version == colocated.version == 1
+    for (n, a), (_, b) in zip(colocated.model.named_parameters(), learner.model.named_parameters()):
+        assert torch.allclose(a, b, atol=1e-6), n
+    for (n, a), (_, b) in zip(colocated.critic.model.named_parameters(), critic.critic.model.named_parameters()):
+        assert torch.allclose(a, b, atol=1e-6), n
