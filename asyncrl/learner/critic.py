@@ -1,7 +1,8 @@
 """The critic of adv_estimator=gae (PPO): a value head on a transformers trunk, trained beside the policy.
 
-Placement: the critic lives on the learner's ranks (colocated, as verl's default), sharded by FSDP2 over
-the same process group, with its own AdamW. Its values for a batch come from the critic version that
+Placement: by default the critic lives on the learner's ranks (colocated, as verl's default), sharded by
+FSDP2 over the same process group, with its own AdamW; with algorithm.critic.placement=separate the same
+`Critic` runs in `CriticWorker`s on ranks of its own (see that class). Its values for a batch come from the critic version that
 trains on that batch: `values` runs at the start of the learner's step, GAE (asyncrl/learner/gae.py)
 turns them and the placed rewards into advantages and value targets, the policy updates, then `update`
 fits the critic to the targets with the clipped value loss against those same old values. Stale
