@@ -188,6 +188,11 @@ def load_model(cfg: ModelConfig, device: Optional[str] = None, dtype: Optional[s
     return model.to(device)
 
 
+def pad_token_id(tokenizer: Any) -> int:
+    """The id that pads packed and padded rows: the tokenizer's pad token, else its eos, else 0."""
+    return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0))
+
+
 def load_tokenizer(cfg: ModelConfig) -> Any:
     from transformers import AutoTokenizer
 

@@ -155,19 +155,14 @@ class CriticWorker:
     calls in order, so the next `values` comes from the updated critic. Warm-up counts its `steps`."""
 
     def __init__(self, cfg: Any, rank: int = 0, world_size: int = 1):
-        from asyncrl.learner.distributed import init_distributed
-        from asyncrl.models import default_device, load_tokenizer
+        from asyncrl.learner.distributed import init_distributed, rank_device
+        from asyncrl.models import load_tokenizer, pad_token_id
 
         self.cfg, self.algo, self.rank, self.world_size = cfg, cfg.algorithm, rank, world_size
-        self.device = default_device()
-        if self.device.startswith("cuda"):
-            import os
-
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            self.device = f"cuda:{torch.cuda.current_device()}"
+        self.device = rank_device()
         init_distributed(rank, world_size, self.device, timeout_s=cfg.trainer.learner_timeout_s)
         tok = load_tokenizer(cfg.model)
-        self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0))
+        self.pad_id = pad_token_id(tok)
         self.critic = Critic(self)
 
     def shard(self, model: torch.nn.Module) -> None:

@@ -41,6 +41,17 @@ def init_distributed(rank: int, world_size: int, device: str = "cpu", timeout_s:
                             timeout=timedelta(seconds=timeout_s) if timeout_s else None)
 
 
+def rank_device() -> str:
+    """This rank's device: its GPU (LOCAL_RANK, made current) where CUDA is available, else "cpu"."""
+    from asyncrl.models import default_device
+
+    device = default_device()
+    if device.startswith("cuda"):
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        device = f"cuda:{torch.cuda.current_device()}"
+    return device
+
+
 def shard_fsdp2(model: torch.nn.Module, world_size: int, device: str) -> None:
     """FSDP2 over the default group's ranks (each decoder block, then the whole); nothing with one rank. The
     one way the learner and a critic of its own shard their models."""

@@ -49,6 +49,7 @@ from asyncrl.learner.distributed import (
     comm_device,
     init_distributed,
     max_over_ranks,
+    rank_device,
     shard_fsdp2,
 )
 from asyncrl.learner.gae import gae, place_rewards, whiten
@@ -65,7 +66,7 @@ from asyncrl.learner.packing import (
     scatter_rows,
     specs_of,
 )
-from asyncrl.models import default_device, load_model, load_tokenizer
+from asyncrl.models import load_model, load_tokenizer, pad_token_id
 from asyncrl.secrets import shown_config
 from asyncrl.weight_sync.bucketing import iter_buckets
 
@@ -119,12 +120,7 @@ class LearnerWorker:
         if refused:
             raise ValueError(refused)
         self.loss_fn = lambda inputs: loss(inputs, self.algo)
-        self.device = default_device()
-        if self.device.startswith("cuda"):
-            import os
-
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            self.device = f"cuda:{torch.cuda.current_device()}"
+        self.device = rank_device()
         init_distributed(rank, world_size, self.device, timeout_s=cfg.trainer.learner_timeout_s)
         self.temperature = effective_temperature(cfg.agent.sampling.temperature)
         self.cpu_bf16 = self.device == "cpu" and cfg.model.cpu_bf16 and native_bf16()
@@ -132,7 +128,7 @@ class LearnerWorker:
             log.warning("model.cpu_bf16=true but this CPU has no native bf16 (avx512_bf16 / amx_bf16): the learner "
                         "computes in fp32")
         tok = load_tokenizer(cfg.model)
-        self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0))
+        self.pad_id = pad_token_id(tok)
         master_dtype = "float32" if cfg.model.dtype == "auto" else cfg.model.dtype
         self.model = self._build(master_dtype, trainable=True)
         self.ref_model = self._build(master_dtype, trainable=False) if self.algo.kl_coef > 0 else None

@@ -111,17 +111,9 @@ def main(args: argparse.Namespace) -> int:
 
 def val_loss(worker: Any, trajs: list[Any]) -> float:
     """Mean NLL per assistant token of `trajs` under the worker's model (no update)."""
-    import numpy as np
-    import torch
+    from asyncrl.learner.packing import specs_of
 
-    from asyncrl.learner.packing import SeqSpec
-
-    specs, masks = [], []
-    for t in trajs:
-        ids = np.concatenate([t.prompt_ids.numpy(), t.response_ids.numpy()]).astype(np.int64)
-        m = torch.from_numpy(t.loss_mask.numpy().astype(bool))
-        specs.append(SeqSpec(torch.from_numpy(ids), len(t.prompt_ids), m))
-        masks.append(m)
+    specs, masks = specs_of(trajs)
     logp = worker._score(worker.model, specs, list(range(len(specs))))
     nll = sum(float(-(logp[i][masks[i]]).sum()) for i in range(len(specs)))
     return nll / max(sum(int(m.sum()) for m in masks), 1)

@@ -9,6 +9,7 @@ import torch
 
 from asyncrl import cpus
 from asyncrl.learner import worker as worker_mod
+from asyncrl.learner.packing import specs_of
 from tests.learner.helpers import make_batch, make_cfg
 
 
@@ -24,7 +25,7 @@ def test_bf16_logits_are_close_to_fp32_and_masters_stay_fp32(tiny_model_dir):
     fp32 = worker_mod.LearnerWorker(_cfg(tiny_model_dir, False))
     bf16 = worker_mod.LearnerWorker(_cfg(tiny_model_dir, True))
     assert bf16.cpu_bf16 and not fp32.cpu_bf16
-    specs = [s for s in _specs(make_batch(seed=5))]
+    specs = _specs(make_batch(seed=5))
     mb = build_micro_batch(specs, list(range(len(specs))), True, fp32.pad_id)
     a, b = fp32._logits(fp32.model, mb), bf16._logits(bf16.model, mb)
     assert b.dtype == torch.bfloat16 and a.dtype == torch.float32
@@ -43,12 +44,4 @@ def test_without_native_bf16_the_learner_stays_fp32_and_says_so(tiny_model_dir, 
 
 
 def _specs(batch):
-    import numpy as np
-
-    from asyncrl.learner.packing import SeqSpec
-
-    out = []
-    for t in batch.trajectories():
-        ids = np.concatenate([t.prompt_ids.numpy(), t.response_ids.numpy()]).astype(np.int64)
-        out.append(SeqSpec(torch.from_numpy(ids), len(t.prompt_ids), torch.from_numpy(t.loss_mask.numpy().astype(bool))))
-    return out
+    return specs_of(batch.trajectories())[0]

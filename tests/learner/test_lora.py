@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import httpx
 import pytest
 import torch
 
@@ -15,10 +14,9 @@ from asyncrl.learner.lora import LoraLinear, apply_lora, merge_state_dict
 from asyncrl.weight_sync import WeightSender
 from asyncrl.weight_sync.distributed import GroupTransport
 from tests.learner.helpers import make_batch, make_cfg
+from tests.weight_sync.test_sync import greedy
 
 pytestmark = pytest.mark.timeout(240)
-GREEDY = {"temperature": 0.0, "max_new_tokens": 10, "ignore_eos": True}
-PROMPTS = [[1, 2, 3, 4], [17, 900, 4242, 31, 8]]
 
 
 def test_lora_linear_is_the_low_rank_update_by_hand():
@@ -83,22 +81,13 @@ def test_only_the_adapters_train_and_what_leaves_is_merged(lora_worker):
     assert all(torch.allclose(synced[k], full[k]) for k in synced)
 
 
-def _greedy(url):
-    out = []
-    for ids in PROMPTS:
-        r = httpx.post(url + "/generate", json={"input_ids": ids, "sampling_params": GREEDY}, timeout=60)
-        r.raise_for_status()
-        out.append(r.json()["output_ids"])
-    return out
-
-
 async def test_engine_after_a_sync_samples_the_adapted_policy_as_the_merged_export(lora_worker, tiny_model_dir,
                                                                                      tmp_path):
     """The silent failure users report elsewhere: engines that keep sampling the initial policy."""
     w, _ = lora_worker
     w.export_hf(str(tmp_path / "merged"))
     with launch_embedded(tiny_model_dir, threads=1) as engine, launch_embedded(tmp_path / "merged", threads=1) as ref:
-        before, want = _greedy(engine.url), _greedy(ref.url)
+        before, want = greedy(engine.url), greedy(ref.url)
         assert before != want  # the adapters changed the greedy outputs: the check below can fail
         sender = WeightSender(GroupTransport("gloo", timeout_s=60), timeout_s=60)
         await sender.connect([engine.url])
@@ -107,7 +96,7 @@ async def test_engine_after_a_sync_samples_the_adapted_policy_as_the_merged_expo
         finally:
             await sender.close()
         assert report.ok
-        assert _greedy(engine.url) == want
+        assert greedy(engine.url) == want
 
 
 def test_checkpoint_export_merges_the_adapters(lora_worker, tmp_path):

@@ -14,7 +14,7 @@ import torch
 
 from asyncrl.engine.sampling import token_logprobs
 from asyncrl.learner.checkpoint import CheckpointError
-from asyncrl.learner.packing import SeqSpec
+from asyncrl.learner.packing import specs_of
 from asyncrl.schema import Batch, Group, make_trajectory
 from tests.learner.helpers import make_batch, make_cfg
 
@@ -29,11 +29,7 @@ def worker(tiny_model_dir):
 
 
 def _specs(batch):
-    out = []
-    for t in batch.trajectories():
-        ids = np.concatenate([t.prompt_ids.numpy(), t.response_ids.numpy()]).astype(np.int64)
-        out.append(SeqSpec(torch.from_numpy(ids), len(t.prompt_ids), torch.from_numpy(t.loss_mask.numpy().astype(bool))))
-    return out
+    return specs_of(batch.trajectories())[0]
 
 
 @pytest.mark.timeout(120)
