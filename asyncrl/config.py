@@ -311,6 +311,9 @@ class AlgorithmConfig:
     minibatches: int = 1  # optimizer steps per pass
     micro_batch_tokens: int = 4096  # token budget of one forward/backward
     packing: bool = True
+    # packed micro-batches score the samples of one prompt as a tree: the prompt once, each response after
+    # it (asyncrl/learner/packing.py); needs sdpa or eager attention, else each sample pays its prompt
+    share_prompts: bool = True
     # an optimizer step whose loss or grad norm is not finite is skipped (grads dropped, counted in
     # learner/skipped_steps_nonfinite); this many in a row stop the run
     max_nonfinite_steps: int = 3

@@ -18,6 +18,14 @@ With `--lora R`, another side: the same packed step training LoRA adapters of ra
 second worker, and ratio_lora_over_full = the full fine-tuning packed step's median time over its own (> 1: LoRA
 is faster), with lora_tokens_per_s. With `--cpu-bf16`, a side with bf16 autocast (model.cpu_bf16) and
 ratio_bf16_over_fp32, likewise the fp32 step's time over the bf16 one's.
+
+With `--group-size G --prompt-len P` the batch is GRPO-shaped: groups of G samples share one P-token
+prompt, and the lengths drawn above are the responses' (the default run is about `--num-seqs 16
+--group-size 4 --prompt-len 320 --min-len 40 --max-len 400`). A side "shared" scores each group as one
+prompt tree (algorithm.share_prompts, asyncrl/learner/packing.py) and ratio_shared_over_packed is the
+packed step's median time over its own (> 1: sharing is faster); with `--cpu-bf16` also "shared_bf16" (both
+together) and ratio_shared_bf16_over_packed. Every other side scores each sample with its own copy of the
+prompt.
 """
 
 from __future__ import annotations
@@ -49,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--critic", action="store_true", help="add PPO with a critic as a third side")
     parser.add_argument("--lora", type=int, default=0, help="add a LoRA side of this rank (0: none)")
     parser.add_argument("--cpu-bf16", action="store_true", help="add a side with bf16 autocast (model.cpu_bf16)")
+    parser.add_argument("--group-size", type=int, default=1, help="samples sharing one prompt (> 1: a shared side)")
+    parser.add_argument("--prompt-len", type=int, default=0,
+                        help="with --group-size > 1: the shared prompt's tokens (lengths are then the responses')")
 
 
 def lengths_long_tailed(n: int, lo: int, hi: int, seed: int) -> list[int]:
@@ -58,13 +69,23 @@ def lengths_long_tailed(n: int, lo: int, hi: int, seed: int) -> list[int]:
     return [int(x) for x in lengths]
 
 
-def make_batch(lengths: list[int], vocab: int, seed: int):
+def make_batch(lengths: list[int], vocab: int, seed: int, group_size: int = 1, prompt_len: int = 0):
+    """Groups of 2 with prompts of a quarter of each length (at most 64); or, with group_size > 1 and
+    prompt_len > 0, groups of group_size sharing one prompt_len-token prompt, `lengths` being the responses'."""
     rng = np.random.default_rng(seed + 1)
-    trajs = []
+    shared = group_size > 1 and prompt_len > 0
+    size = group_size if shared else 2
+    trajs, prompt = [], []
     for i, n in enumerate(lengths):
-        p = min(64, max(1, n // 4))
+        if shared:
+            if i % size == 0:
+                prompt = rng.integers(10, vocab, prompt_len).tolist()
+            p, n = prompt_len, prompt_len + n
+        else:
+            p = min(64, max(1, n // 4))
+            prompt = rng.integers(10, vocab, p).tolist()
         trajs.append(make_trajectory(
-            uid=f"u{i}", group_id=f"g{i // 2}", prompt_ids=rng.integers(10, vocab, p).tolist(),
+            uid=f"u{i}", group_id=f"g{i // size}", prompt_ids=prompt,
             response_ids=rng.integers(10, vocab, n - p).tolist(), loss_mask=[1] * (n - p),
             behavior_logprobs=[-2.0] * (n - p), versions=[0] * (n - p), reward=float(i % 2)))
     groups = {}
@@ -81,10 +102,13 @@ def run(args: argparse.Namespace) -> dict:
     worker = LearnerWorker(cfg)
     vocab = int(worker.model.config.vocab_size)
     lengths = lengths_long_tailed(args.num_seqs, args.min_len, args.max_len, args.seed)
-    batch = make_batch(lengths, vocab, args.seed)
+    batch = make_batch(lengths, vocab, args.seed, args.group_size, args.prompt_len)
+    shared = args.group_size > 1 and args.prompt_len > 0
+    real_tokens = sum(len(t.prompt_ids) + len(t.response_ids) for t in batch.trajectories())
     worker.train_step(make_batch([args.min_len, args.min_len], vocab, args.seed + 7))  # warm-up
     out: dict = {"model": str(worker.model.config.name_or_path).split("/")[-1], "lengths": lengths,
-                 "real_tokens": sum(lengths), "budget": args.budget, "decoupled": args.decoupled,
+                 "real_tokens": real_tokens, "group_size": args.group_size if shared else 1,
+                 "prompt_len": args.prompt_len if shared else None, "budget": args.budget, "decoupled": args.decoupled,
                  "threads": torch.get_num_threads()}
     workers = {"padded": worker, "packed": worker}
     if args.critic:
@@ -100,21 +124,27 @@ def run(args: argparse.Namespace) -> dict:
         workers["lora"] = LearnerWorker(replace(cfg, model=replace(cfg.model, lora=LoraConfig(rank=args.lora))))
         workers["lora"].train_step(make_batch([args.min_len, args.min_len], vocab, args.seed + 7))  # warm-up
 
-    def step(w: LearnerWorker, packing: bool) -> tuple[float, float, int]:
-        w.algo.packing = packing
+    def step(w: LearnerWorker, packing: bool, share: bool = False) -> tuple[float, float, int]:
+        w.layout = replace(w.layout, packing=packing, share_prompts=share)
         t0, c0 = time.perf_counter(), time.process_time()
         m = w.train_step(batch)
         return time.perf_counter() - t0, time.process_time() - c0, int(m["learner/compute_tokens_rank"])
 
     runs: dict[str, list[tuple[float, float, int]]] = {name: [] for name in workers}
 
-    def side(name: str, packing: bool):
+    def side(name: str, packing: bool, worker: str | None = None, share: bool = False):
         def one() -> float:
-            runs[name].append(step(workers[name], packing))
+            runs[name].append(step(workers[worker or name], packing, share))
             return runs[name][-1][0]
         return one
 
     sides = {"padded": side("padded", False), "packed": side("packed", True)}
+    if shared:
+        runs["shared"] = []
+        sides["shared"] = side("shared", True, worker="packed", share=True)
+        if args.cpu_bf16:  # shared prompts and bf16 together: the default run's learner on this CPU
+            runs["shared_bf16"] = []
+            sides["shared_bf16"] = side("shared_bf16", True, worker="bf16", share=True)
     if args.critic:
         sides["ppo"] = side("ppo", True)
     if args.lora:
@@ -129,17 +159,26 @@ def run(args: argparse.Namespace) -> dict:
     if args.cpu_bf16:
         out.update(summary("bf16_seconds", seconds["bf16"]))
         out["bf16_native"] = workers["bf16"].cpu_bf16
-        out["bf16_tokens_per_s"] = round(sum(lengths) / statistics.median(seconds["bf16"]), 1)
+        out["bf16_tokens_per_s"] = round(real_tokens / statistics.median(seconds["bf16"]), 1)
         out["ratio_bf16_over_fp32"] = ratio(seconds["packed"], seconds["bf16"])  # > 1: bf16 is faster
+    if shared:
+        out.update(summary("shared_seconds", seconds["shared"]))
+        out["shared_compute_tokens"] = runs["shared"][-1][2]
+        out["shared_tokens_per_s"] = round(real_tokens / statistics.median(seconds["shared"]), 1)
+        out["ratio_shared_over_packed"] = ratio(seconds["packed"], seconds["shared"])  # > 1: sharing is faster
+        if args.cpu_bf16:
+            out.update(summary("shared_bf16_seconds", seconds["shared_bf16"]))
+            out["shared_bf16_tokens_per_s"] = round(real_tokens / statistics.median(seconds["shared_bf16"]), 1)
+            out["ratio_shared_bf16_over_packed"] = ratio(seconds["packed"], seconds["shared_bf16"])
     if args.lora:
         out.update(summary("lora_seconds", seconds["lora"]))
         out["lora_rank"] = args.lora
-        out["lora_tokens_per_s"] = round(sum(lengths) / statistics.median(seconds["lora"]), 1)
+        out["lora_tokens_per_s"] = round(real_tokens / statistics.median(seconds["lora"]), 1)
         out["ratio_lora_over_full"] = ratio(seconds["packed"], seconds["lora"])  # > 1: LoRA is faster
     for name in ("padded", "packed"):
         out.update(summary(f"{name}_seconds", seconds[name]))
         out[f"{name}_cpu_seconds"] = round(statistics.median(r[1] for r in runs[name]), 2)
-        out[f"{name}_tokens_per_s"] = round(sum(lengths) / statistics.median(seconds[name]), 1)
+        out[f"{name}_tokens_per_s"] = round(real_tokens / statistics.median(seconds[name]), 1)
         out[f"{name}_compute_tokens"] = runs[name][-1][2]
     out["ratio_packed_over_padded"] = ratio(seconds["padded"], seconds["packed"])
     # the same ratio in process CPU time: less sensitive to other processes sharing the machine

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.learner.gae import value_loss
-from asyncrl.learner.packing import SeqSpec, build_micro_batch, plan_micro_batches, scatter_rows
+from asyncrl.learner.packing import Layout, SeqSpec, mask_argument, scatter_rows, shares_prompts_with
 from asyncrl.models import load_model
 
 if TYPE_CHECKING:
@@ -68,10 +68,9 @@ class Critic:
         self.steps = 0  # critic updates taken (its version)
 
     def _forward(self, specs: list[SeqSpec], idx: list[int]) -> tuple[torch.Tensor, Any]:
-        mb = build_micro_batch([specs[i] for i in idx], idx, self.w.algo.packing, self.w.pad_id)
+        mb = self.w.layout.micro_batch(specs, idx)
         d = self.w.device
-        v = self.model(mb.input_ids.to(d), mb.position_ids.to(d),
-                       None if mb.attention_mask is None else mb.attention_mask.to(d), mb.keep.to(d))
+        v = self.model(mb.input_ids.to(d), mb.position_ids.to(d), mask_argument(mb, self.model, d), mb.keep.to(d))
         return scatter_rows(v, mb), mb
 
     def _dummy(self, backward: bool) -> None:
@@ -84,8 +83,7 @@ class Critic:
     @torch.no_grad()
     def values(self, specs: list[SeqSpec], local: list[int]) -> dict[int, torch.Tensor]:
         """Values float32 [R] of the response positions of the sequences `local` (0 where loss_mask is 0)."""
-        plan = plan_micro_batches([specs[i].length for i in local], self.w.algo.micro_batch_tokens,
-                                  self.w.algo.packing)
+        plan = self.w.layout.plan(specs, local)
         out: dict[int, torch.Tensor] = {}
         for k in range(self.w._max_over_ranks(len(plan))):
             if k >= len(plan):
@@ -106,7 +104,7 @@ class Critic:
         for mb_idx in minibatches:
             n_tok = float(sum(int(masks[i].sum()) for i in mb_idx))
             local = mb_idx[w.rank :: w.world_size]
-            plan = plan_micro_batches([specs[i].length for i in local], w.algo.micro_batch_tokens, w.algo.packing)
+            plan = w.layout.plan(specs, local)
             self.optimizer.zero_grad(set_to_none=True)
             for k in range(w._max_over_ranks(len(plan))):
                 if k >= len(plan):
@@ -163,7 +161,10 @@ class CriticWorker:
         init_distributed(rank, world_size, self.device, timeout_s=cfg.trainer.learner_timeout_s)
         tok = load_tokenizer(cfg.model)
         self.pad_id = pad_token_id(tok)
+        self.layout = Layout(self.algo.micro_batch_tokens, self.algo.packing, False, self.pad_id)  # until built
         self.critic = Critic(self)
+        share = self.algo.packing and self.algo.share_prompts and shares_prompts_with(self.critic.model)
+        self.layout = Layout(self.algo.micro_batch_tokens, self.algo.packing, share, self.pad_id)
 
     def shard(self, model: torch.nn.Module) -> None:
         from asyncrl.learner.distributed import shard_fsdp2

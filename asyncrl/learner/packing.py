@@ -16,6 +16,22 @@ tool output costs an lm_head row.
   first-fit in decreasing length order; padding is only the tails of the rows.
 - padded: one row per sequence, right-padded to the longest of the micro-batch, with an attention
   mask. Budget: n * max_len <= token_budget, sequences taken in their given order (the naive baseline).
+- shared prompts (packed only, `algorithm.share_prompts`): the samples of one prompt (a GRPO group) are
+  laid out as a tree in one row, the prompt once and every response after it:
+
+      [p_0 .. p_{P-2}] [p_{P-1} r^1_0 .. r^1_{R1-1}] [p_{P-1} r^2_0 ..] ...
+      positions 0..P-2, then each branch P-1 .. P-1+R_k
+
+  with a 4-D boolean attention mask: a prefix token sees the prefix before it, a branch token sees the
+  whole prefix and its own branch before it, nothing of the other branches or other units. The last prompt
+  token is repeated in every branch so that each branch's first response token is predicted at a
+  position of its own (`keep` selects each position at most once). Every response is then scored from
+  exactly the context and positions of its own separate forward, and the prefix's gradient is the sum of
+  the branches' (what separate forwards give), at the cost of P - 1 + sum(R_k + 1) tokens instead of
+  sum(P + R_k): with GRPO's 4 samples of a 319-token prompt and ~150-token responses, about half.
+  Cost of a unit (samples sharing a prompt) against the budget: that sum; a group larger than the budget
+  is split into units that each pay the prefix. Rows hold whole units, capped at the longest unit.
+  Needs an attention that takes a custom mask (sdpa, eager): `shares_prompts_with(model)`.
 A sequence longer than the budget gets a micro-batch of its own.
 """
 
@@ -23,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -54,7 +71,7 @@ class MicroBatch:
     seq_index: list[int]  # indices (into the list given to the planner) of the sequences in this micro-batch
     input_ids: torch.Tensor  # long [rows, L]
     position_ids: torch.Tensor  # long [rows, L]
-    attention_mask: torch.Tensor | None  # long [rows, L] for padded rows, None for a packed row
+    attention_mask: torch.Tensor | None  # long [rows, L] padded; None packed; bool [rows, 1, L, L] prompt trees
     keep: torch.Tensor  # bool [rows, L]: positions whose logits are needed
     targets: torch.Tensor  # long [K]: the token each kept position predicts (row-major order of keep)
     out_row: torch.Tensor  # long [K]: local sequence number (0..n-1) of each kept position
@@ -103,6 +120,131 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
     return [sorted(b) for b in bins]
 
 
+def prompt_key(s: SeqSpec) -> bytes:
+    """Sequences with equal keys have identical prompts (ids compared exactly)."""
+    return s.input_ids[: s.prompt_len].to(torch.int64).numpy().tobytes()
+
+
+def unit_length(seqs: Sequence[SeqSpec], members: Sequence[int]) -> int:
+    """Tokens of `members` (which share one prompt) laid out as a tree: P - 1 + sum(R_k + 1)."""
+    p = seqs[members[0]].prompt_len
+    return p - 1 + sum(seqs[n].length - p + 1 for n in members)
+
+
+def prompt_units(seqs: Sequence[SeqSpec], token_budget: int | None = None) -> list[list[int]]:
+    """Indices grouped by identical prompt (groups in order of first appearance, members longest first);
+    with a budget, a group whose tree exceeds it is cut greedily into units that each fit (a member that
+    alone exceeds it is a unit of its own)."""
+    groups: dict[bytes, list[int]] = {}
+    for n, s in enumerate(seqs):
+        groups.setdefault(prompt_key(s), []).append(n)
+    units: list[list[int]] = []
+    for members in groups.values():
+        members = sorted(members, key=lambda n: (-seqs[n].length, n))
+        cur: list[int] = []
+        for n in members:
+            if cur and token_budget is not None and unit_length(seqs, cur + [n]) > token_budget:
+                units.append(cur)
+                cur = []
+            cur.append(n)
+        units.append(cur)
+    return units
+
+
+def plan(seqs: Sequence[SeqSpec], token_budget: int, packing: bool, share_prompts: bool = False) -> list[list[int]]:
+    """Micro-batches (lists of indices into `seqs`) under `token_budget`; with shared prompts (packed only)
+    a unit's cost is its tree length, units are binned first-fit decreasing."""
+    if not (packing and share_prompts):
+        return plan_micro_batches([s.length for s in seqs], token_budget, packing)
+    if token_budget < 1:
+        raise ValueError(f"algorithm.micro_batch_tokens must be >= 1, got {token_budget}")
+    units = prompt_units(seqs, token_budget)
+    bins = first_fit_decreasing([unit_length(seqs, u) for u in units], token_budget)
+    return [sorted(n for b in bin_ for n in units[b]) for bin_ in bins]
+
+
+def shares_prompts_with(model: torch.nn.Module) -> bool:
+    """Whether `model`'s attention takes the custom 4-D mask of shared-prompt rows (sdpa or eager; flash
+    kernels read only position_ids and would let branches see each other)."""
+    cfg = getattr(model, "config", None) or getattr(getattr(model, "trunk", None), "config", None)
+    return getattr(cfg, "_attn_implementation", None) in ("sdpa", "eager")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one learner cuts and lays out its sequences: the token budget, packed or padded rows, and shared
+    prompts (decided once the model is built: `shares_prompts_with`)."""
+
+    token_budget: int
+    packing: bool
+    share_prompts: bool
+    pad_id: int
+
+    def plan(self, specs: Sequence[SeqSpec], local: Sequence[int]) -> list[list[int]]:
+        """Micro-batches (positions into `local`) of the sequences `specs[i] for i in local`."""
+        return plan([specs[i] for i in local], self.token_budget, self.packing, self.share_prompts)
+
+    def micro_batch(self, specs: Sequence[SeqSpec], idx: Sequence[int]) -> MicroBatch:
+        return build_micro_batch([specs[i] for i in idx], idx, self.packing, self.pad_id, self.share_prompts)
+
+
+def mask_argument(mb: MicroBatch, model: torch.nn.Module, device: Any = "cpu") -> torch.Tensor | None:
+    """The attention_mask to give `model` for `mb`: a 4-D boolean tree mask becomes additive for eager."""
+    m = mb.attention_mask
+    if m is None:
+        return None
+    m = m.to(device)
+    if m.dim() == 4:
+        cfg = getattr(model, "config", None) or getattr(getattr(model, "trunk", None), "config", None)
+        impl = getattr(cfg, "_attn_implementation", None)
+        if impl == "eager":
+            dtype = next(model.parameters()).dtype
+            return torch.zeros(m.shape, dtype=dtype, device=device).masked_fill(~m, torch.finfo(dtype).min)
+        if impl != "sdpa":
+            raise ValueError(f"a shared-prompt micro-batch needs sdpa or eager attention, the model uses {impl!r} "
+                             "(set algorithm.share_prompts=false)")
+    return m
+
+
+def _tree_rows(seqs: Sequence[SeqSpec], pad_id: int) -> tuple:
+    """Shared-prompt layout (module docstring): ids, positions, 4-D mask, and each sequence's row and
+    virtual offset (the offset at which its prompt would start, so response token c sits at
+    offset + P + c and is predicted at offset + P - 1 + c)."""
+    units = prompt_units(seqs)
+    ulen = [unit_length(seqs, u) for u in units]
+    rows = first_fit_decreasing(ulen, max(ulen))
+    L = max(sum(ulen[u] for u in row) for row in rows)
+    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
+    pos = torch.zeros((len(rows), L), dtype=torch.long)
+    unit_of = -torch.arange(1, L + 1, dtype=torch.long).repeat(len(rows), 1)  # padding: a unit per token
+    branch = torch.zeros((len(rows), L), dtype=torch.long)
+    row_of, offsets = [0] * len(seqs), [0] * len(seqs)
+    for r, row in enumerate(rows):
+        off = 0
+        for u in row:
+            members = units[u]
+            p = seqs[members[0]].prompt_len
+            ids[r, off : off + p - 1] = seqs[members[0]].input_ids[: p - 1].long()
+            pos[r, off : off + p - 1] = torch.arange(p - 1)
+            unit_of[r, off : off + unit_length(seqs, members)] = u
+            off += p - 1
+            for k, n in enumerate(members, start=1):
+                s = seqs[n]
+                width = s.length - p + 1
+                ids[r, off : off + width] = s.input_ids[p - 1 :].long()
+                pos[r, off : off + width] = torch.arange(p - 1, s.length)
+                branch[r, off : off + width] = k
+                row_of[n], offsets[n] = r, off - (p - 1)
+                off += width
+        pos[r, off:] = 0
+    col = torch.arange(L)
+    causal = col[None, :] <= col[:, None]  # [q, k]
+    same_unit = unit_of[:, :, None] == unit_of[:, None, :]
+    visible = (branch[:, None, :] == 0) | (branch[:, None, :] == branch[:, :, None])
+    mask = (same_unit & visible & causal[None]).unsqueeze(1)  # [rows, 1, L, L]
+    return ids, pos, mask, row_of, offsets
+
+
 def _targets(seqs: Sequence[SeqSpec], row_of: Sequence[int], offset_of: Sequence[int], shape) -> tuple:
     keep = torch.zeros(shape, dtype=torch.bool)
     rows, cols, tgts = [], [], []
@@ -121,11 +263,15 @@ def _targets(seqs: Sequence[SeqSpec], row_of: Sequence[int], offset_of: Sequence
     return keep, cat(tgts).long(), cat(rows).long(), cat(cols).long()
 
 
-def build_micro_batch(seqs: Sequence[SeqSpec], seq_index: Sequence[int], packing: bool, pad_id: int = 0) -> MicroBatch:
-    """Lay out `seqs` as one packed row or as right-padded rows."""
+def build_micro_batch(seqs: Sequence[SeqSpec], seq_index: Sequence[int], packing: bool, pad_id: int = 0,
+                      share_prompts: bool = False) -> MicroBatch:
+    """Lay out `seqs` as packed rows (with shared prompts: as prompt trees), or as right-padded rows."""
     lengths = [s.length for s in seqs]
     max_resp = max((s.loss_mask.numel() for s in seqs), default=0)
-    if packing:
+    if packing and share_prompts:
+        ids, pos, attn, row_of, offsets = _tree_rows(seqs, pad_id)
+        keep, tgt, row, col = _targets(seqs, row_of, offsets, ids.shape)
+    elif packing:
         rows = first_fit_decreasing(lengths, max(lengths))
         L = max(sum(lengths[n] for n in row) for row in rows)
         ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
@@ -169,7 +315,7 @@ def kept_logits(model, mb: MicroBatch, device="cpu") -> torch.Tensor:
     union of kept positions over the rows is projected (1D logits_to_keep) and the kept ones selected.
     """
     kw = dict(input_ids=mb.input_ids.to(device), position_ids=mb.position_ids.to(device),
-              attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(device), use_cache=False)
+              attention_mask=mask_argument(mb, model, device), use_cache=False)
     keep = mb.keep.to(device)
     if _supports_2d_logits_to_keep():
         logits = model(**kw, logits_to_keep=keep).logits

@@ -58,12 +58,12 @@ from asyncrl.learner.logprobs import effective_temperature, logprobs_and_entropy
 from asyncrl.learner.lora import apply_lora, lora_scaling, merge_state_dict, merged_named_params
 from asyncrl.learner.losses import check_off_policy_correction, kl_penalty, policy_loss, resolve_loss
 from asyncrl.learner.packing import (
+    Layout,
     MicroBatch,
     SeqSpec,
-    build_micro_batch,
     kept_logits,
-    plan_micro_batches,
     scatter_rows,
+    shares_prompts_with,
     specs_of,
 )
 from asyncrl.models import load_model, load_tokenizer, pad_token_id
@@ -131,6 +131,13 @@ class LearnerWorker:
         self.pad_id = pad_token_id(tok)
         master_dtype = "float32" if cfg.model.dtype == "auto" else cfg.model.dtype
         self.model = self._build(master_dtype, trainable=True)
+        # the samples of one prompt scored as one tree (asyncrl/learner/packing.py) where the attention allows
+        share = self.algo.packing and self.algo.share_prompts and shares_prompts_with(self.model)
+        if self.algo.packing and self.algo.share_prompts and not share and rank == 0:
+            log.warning("algorithm.share_prompts=true but the model's attention (%s) takes no custom mask: each "
+                        "sample is scored with its own copy of the prompt",
+                        getattr(self.model.config, "_attn_implementation", None))
+        self.layout = Layout(self.algo.micro_batch_tokens, self.algo.packing, share, self.pad_id)
         self.ref_model = self._build(master_dtype, trainable=False) if self.algo.kl_coef > 0 else None
         gae_critic = self.algo.adv_estimator == "gae"
         # placement=separate: the values come with each batch from the critic's own ranks (CriticWorker)
@@ -204,14 +211,14 @@ class LearnerWorker:
     @torch.no_grad()
     def _score(self, model: torch.nn.Module, specs: list[SeqSpec], local: list[int]) -> dict[int, torch.Tensor]:
         """Logprob of every response token (0 where loss_mask is 0) of the sequences `local`, float32 [R] each."""
-        plan = plan_micro_batches([specs[i].length for i in local], self.algo.micro_batch_tokens, self.algo.packing)
+        plan = self.layout.plan(specs, local)
         out: dict[int, torch.Tensor] = {}
         for k in range(self._max_over_ranks(len(plan))):
             if k >= len(plan):
                 self._dummy_forward(model, backward=False)
                 continue
             idx = [local[j] for j in plan[k]]
-            mb = build_micro_batch([specs[i] for i in idx], idx, self.algo.packing, self.pad_id)
+            mb = self.layout.micro_batch(specs, idx)
             logp, _ = logprobs_and_entropy(self._logits(model, mb), mb.targets.to(self.device), self.temperature,
                                            with_entropy=False)
             rows = scatter_rows(logp.float().cpu(), mb)
@@ -381,7 +388,7 @@ class LearnerWorker:
             max_response_tokens=self.cfg.agent.max_response_tokens,
         )
         local = mb_idx[self.rank :: self.world_size]
-        plan = plan_micro_batches([specs[i].length for i in local], a.micro_batch_tokens, a.packing)
+        plan = self.layout.plan(specs, local)
         sums = torch.zeros(10, dtype=torch.float64)
         rmax = torch.zeros(1, dtype=torch.float64)
         compute_tokens = 0
@@ -391,7 +398,7 @@ class LearnerWorker:
                 self._dummy_forward(self.model, backward=True)
                 continue
             idx = [int(local[j]) for j in plan[k]]
-            mb = build_micro_batch([specs[i] for i in idx], idx, a.packing, self.pad_id)
+            mb = self.layout.micro_batch(specs, idx)
             compute_tokens += mb.compute_tokens
             logits = self._logits(self.model, mb)
             logp_k, ent_k = logprobs_and_entropy(logits, mb.targets.to(self.device), self.temperature)

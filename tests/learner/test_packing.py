@@ -8,7 +8,15 @@ from transformers import AutoModelForCausalLM
 
 from asyncrl.engine.sampling import token_logprobs
 from asyncrl.learner import packing as packing_mod
-from asyncrl.learner.packing import SeqSpec, build_micro_batch, kept_logits, plan_micro_batches, scatter_rows
+from asyncrl.learner.packing import (
+    SeqSpec,
+    build_micro_batch,
+    kept_logits,
+    plan,
+    plan_micro_batches,
+    scatter_rows,
+    unit_length,
+)
 
 
 def test_plan_packed_first_fit_decreasing():
@@ -93,3 +101,94 @@ def test_packed_and_padded_rows_score_like_separate_forwards(tiny_model_dir, kee
                     tok = s.input_ids[s.prompt_len + i]
                     want = token_logprobs(ref[n][s.prompt_len + i - 1], tok, 0.7) if s.loss_mask[i] else torch.tensor(0.0)
                     assert abs(got[n, i].item() - want.item()) < 1e-5, (packing, n, i, got[n, i], want)
+
+
+def _tree_seqs():
+    mk = lambda ids, p, m: SeqSpec(torch.tensor(ids), p, torch.tensor(m, dtype=torch.bool))
+    # A and B share the prompt [1, 2, 3]; C has its own one-token prompt
+    return [mk([1, 2, 3, 4, 5], 3, [1, 1]), mk([1, 2, 3, 6], 3, [1]), mk([7, 8, 9], 1, [1, 0])]
+
+
+def test_shared_prompt_tree_layout_positions_mask_and_targets():
+    mb = build_micro_batch(_tree_seqs(), [10, 11, 12], packing=True, pad_id=0, share_prompts=True)
+    # unit {A, B}: prefix [1, 2], branches [3 4 5] and [3 6] (the last prompt token repeated); unit {C}: [7 8 9]
+    assert mb.input_ids.tolist() == [[1, 2, 3, 4, 5, 3, 6], [7, 8, 9, 0, 0, 0, 0]]
+    assert mb.position_ids.tolist()[0] == [0, 1, 2, 3, 4, 2, 3]
+    assert mb.position_ids.tolist()[1][:3] == [0, 1, 2]
+    want0 = [[1, 0, 0, 0, 0, 0, 0],
+             [1, 1, 0, 0, 0, 0, 0],
+             [1, 1, 1, 0, 0, 0, 0],
+             [1, 1, 1, 1, 0, 0, 0],
+             [1, 1, 1, 1, 1, 0, 0],
+             [1, 1, 0, 0, 0, 1, 0],   # B's branch sees the prefix and itself, never A's branch
+             [1, 1, 0, 0, 0, 1, 1]]
+    want1 = [[1, 0, 0, 0, 0, 0, 0],
+             [1, 1, 0, 0, 0, 0, 0],
+             [1, 1, 1, 0, 0, 0, 0]] + [[int(k == q) for k in range(7)] for q in range(3, 7)]  # padding: itself
+    assert mb.attention_mask.shape == (2, 1, 7, 7) and mb.attention_mask.dtype == torch.bool
+    assert mb.attention_mask[0, 0].int().tolist() == want0
+    assert mb.attention_mask[1, 0].int().tolist() == want1
+    # A: 4 from pos 2, 5 from pos 3; B: 6 from its own copy of the last prompt token (pos 5); C: 8 from pos 0
+    assert mb.keep.nonzero().tolist() == [[0, 2], [0, 3], [0, 5], [1, 0]]
+    assert mb.targets.tolist() == [4, 5, 6, 8]
+    assert mb.out_row.tolist() == [0, 0, 1, 2] and mb.out_col.tolist() == [0, 1, 0, 0]
+    assert mb.num_tokens == 12 and mb.compute_tokens == 14
+
+
+def test_shared_prompt_plan_costs_a_unit_by_its_tree_and_splits_groups_over_the_budget():
+    s = _tree_seqs()
+    assert unit_length(s, [0, 1]) == 2 + 3 + 2 and unit_length(s, [2]) == 3
+    assert plan(s, 10, packing=True, share_prompts=True) == [[0, 1, 2]]  # 7 + 3 fit in 10
+    assert plan(s, 7, packing=True, share_prompts=True) == [[0, 1], [2]]
+    assert plan(s, 5, packing=True, share_prompts=True) == [[0], [1], [2]]  # the group cut: A (5) | B (4) | C (3)
+    assert plan(s, 5, packing=False, share_prompts=True) == plan_micro_batches([5, 4, 3], 5, packing=False)
+    with pytest.raises(ValueError, match="micro_batch_tokens"):
+        plan(s, 0, packing=True, share_prompts=True)
+
+
+def _grouped_seqs(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    seqs = []
+    for p, responses in [(5, [4, 7, 1]), (1, [3, 6]), (8, [5]), (2, [2, 9])]:
+        prompt = torch.randint(5, 3000, (p,), generator=g)
+        for r in responses:
+            m = torch.rand(r, generator=g) > 0.25
+            seqs.append(SeqSpec(torch.cat([prompt, torch.randint(5, 3000, (r,), generator=g)]), p, m))
+    return seqs
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_shared_prompt_trees_score_like_separate_forwards(tiny_model_dir, attn):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation=attn).eval()
+    seqs = _grouped_seqs()
+    with torch.no_grad():
+        ref = [model(input_ids=s.input_ids[None]).logits[0] for s in seqs]
+        mb = build_micro_batch(seqs, list(range(len(seqs))), True, share_prompts=True)
+        assert mb.input_ids.shape[0] < len(seqs)  # the samples of a prompt share a row
+        got = scatter_rows(token_logprobs(kept_logits(model, mb), mb.targets, 0.7), mb)
+    for n, s in enumerate(seqs):
+        for i in range(s.loss_mask.numel()):
+            tok = s.input_ids[s.prompt_len + i]
+            want = token_logprobs(ref[n][s.prompt_len + i - 1], tok, 0.7) if s.loss_mask[i] else torch.tensor(0.0)
+            assert abs(got[n, i].item() - want.item()) < 1e-5, (attn, n, i, got[n, i], want)
+
+
+@pytest.mark.timeout(120)
+def test_shared_prompt_trees_give_the_gradients_of_separate_forwards(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    seqs = _grouped_seqs(1)
+    weights = torch.linspace(-1.0, 1.0, sum(int(s.loss_mask.sum()) for s in seqs))
+
+    def grads(share: bool) -> dict[str, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        mb = build_micro_batch(seqs, list(range(len(seqs))), True, share_prompts=share)
+        logp = scatter_rows(token_logprobs(kept_logits(model, mb), mb.targets, 1.0), mb)
+        flat = torch.cat([logp[n, : s.loss_mask.numel()][s.loss_mask] for n, s in enumerate(seqs)])
+        (flat * weights).sum().backward()  # a fixed weight per token, in sequence order
+        return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    shared, separate = grads(True), grads(False)
+    assert shared.keys() == separate.keys() and shared
+    for k in separate:
+        assert torch.allclose(shared[k], separate[k], rtol=1e-4, atol=1e-6), k

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -88,24 +89,29 @@ def test_train_step_on_policy_batch(worker):
 def test_packed_and_padded_micro_batches_give_the_same_loss_and_gradients(worker):
     from asyncrl.learner.advantages import compute_advantages, group_index
 
-    batch = make_batch(seed=11, groups=4, per_group=2, prompt=(1, 4), response=(1, 14))  # lengths 3..15
+    batch = make_batch(seed=11, groups=4, per_group=3, prompt=(1, 6), response=(1, 14), shared_prompt=True)
     trajs = batch.trajectories()
     specs = _specs(batch)
     behav = [torch.from_numpy(t.behavior_logprobs.numpy().copy()) for t in trajs]
     masks = [s.loss_mask for s in specs]
     adv = compute_advantages("grpo", [t.reward for t in trajs], group_index([t.group_id for t in trajs]))
     idx = list(range(len(trajs)))
+    layout = worker.layout
+    assert layout.share_prompts  # the default, with the tiny model's sdpa attention
     prox = worker._score(worker.model, specs, idx)
     results = {}
-    configs = ((True, 40), (False, 40), (True, 10_000), (False, 10_000))
-    for packing, budget in configs:
-        worker.algo.packing, worker.algo.micro_batch_tokens = packing, budget
+    # (packing, share_prompts, token budget)
+    configs = ((True, False, 40), (False, False, 40), (True, False, 10_000), (False, False, 10_000),
+               (True, True, 40), (True, True, 10_000))
+    for packing, share, budget in configs:
+        worker.layout = replace(layout, packing=packing, share_prompts=share, token_budget=budget)
         sums, _, compute = worker._minibatch_update(idx, specs, behav, masks, adv, prox, None)
         grads = {k: p.grad.clone() for k, p in worker.model.named_parameters()}
-        results[(packing, budget)] = (float(sums[0]), grads, compute)
-    worker.algo.packing, worker.algo.micro_batch_tokens = True, 64
-    assert results[(False, 10_000)][2] > results[(True, 10_000)][2]  # padding computes more tokens
-    l0, g0, _ = results[(True, 40)]
+        results[(packing, share, budget)] = (float(sums[0]), grads, compute)
+    worker.layout = layout
+    assert results[(False, False, 10_000)][2] > results[(True, False, 10_000)][2]  # padding computes more tokens
+    assert results[(True, True, 10_000)][2] < results[(True, False, 10_000)][2]  # each prompt laid out once
+    l0, g0, _ = results[(True, False, 40)]
     for cfg in configs[1:]:
         loss, grads, _ = results[cfg]
         assert loss == pytest.approx(l0, rel=1e-5, abs=1e-9), cfg
