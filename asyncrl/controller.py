@@ -41,6 +41,7 @@ from asyncrl.learner.checkpoint import checkpoint_version, checkpoints_root, pru
 from asyncrl.metrics import MetricsLogger
 from asyncrl.run_dir import RunDirError, RunLock, RunStart, VersionLog, describe_holder, prepare_run, run_dir
 from asyncrl.secrets import shown_config, withhold_env
+from asyncrl.stop_signals import stop_on_signals
 from asyncrl.watchdog import Verdict, Watchdog
 
 log = logging.getLogger("asyncrl")
@@ -111,7 +112,7 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
              cfg.trainer.mode, cfg.algorithm.max_staleness)
     ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, include_dashboard=False,
              ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING, runtime_env=runtime_env)
-    stop_signal = _stop_on_signals()
+    stop_signal = stop_on_signals()
     metrics = MetricsLogger(out, wandb_mode=cfg.trainer.wandb, project=cfg.trainer.wandb_project,
                             config=shown_config(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps,
                             secret_env=secret_env, run_name=start.run_id)
@@ -189,24 +190,6 @@ def _report(out: Path, summary: dict[str, Any]) -> None:
           f"{out / 'summary.json'}", flush=True)
     if summary["diagnosis"]:
         print(f"asyncrl train: stopped: {summary['diagnosis']}", file=sys.stderr, flush=True)
-
-
-def _stop_on_signals() -> dict:
-    """Ctrl-C (SIGINT) and SIGTERM (a scheduler, `kill`) both stop the run cleanly via KeyboardInterrupt.
-
-    Installed explicitly because a process started in the background of a non-interactive shell
-    inherits SIGINT as ignored, and SIGTERM would otherwise kill the controller without shutdown.
-    Returns a dict that records which signal arrived (for the exit code 128 + signum).
-    """
-    got: dict = {}
-
-    def handler(signum: int, frame: object) -> None:
-        got["signum"] = signum
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, handler)
-    return got
 
 
 def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, versions: VersionLog) -> None:

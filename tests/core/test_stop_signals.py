@@ -1,5 +1,5 @@
-"""`asyncrl train` stops cleanly on Ctrl-C (SIGINT) and on SIGTERM: both go through the controller's one
-handler, which raises KeyboardInterrupt and records the signal (exit status 128 + signum).
+"""`asyncrl train` stops cleanly on Ctrl-C (SIGINT) and on SIGTERM: both go through one handler
+(asyncrl/stop_signals.py), which raises KeyboardInterrupt and records the signal (exit status 128 + signum).
 
 The whole stop on SIGINT (checkpoint, every child stopped, exit 128 + SIGINT, in a run started with
 SIGINT ignored) is proven on a real run by tests/e2e/test_train.py; this proves, in a real process,
@@ -14,8 +14,8 @@ import sys
 
 CHILD = """
 import signal
-from asyncrl.controller import _stop_on_signals
-got = _stop_on_signals()
+from asyncrl.stop_signals import stop_on_signals
+got = stop_on_signals()
 try:
     print("ready", flush=True)
     signal.pause()

@@ -137,3 +137,38 @@ def test_generate_refuses_another_job_in_the_same_parts_dir(tiny_model_dir, tmp_
     assert "different job" in capsys.readouterr().err
     assert generate_cli.main(Namespace(argv=[*_args(tiny_model_dir, tmp_path), "--out", str(tmp_path / "g.csv")])) == 2
     assert "must name a .parquet file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, sig", [("eval", signal.SIGINT), ("generate", signal.SIGTERM)])
+def test_a_signal_stops_eval_and_generate_with_their_engine_even_when_started_with_sigint_ignored(
+        tiny_model_dir, tmp_path, command, sig):
+    """A command started in the background of a script inherits SIGINT as ignored; both signals must still
+    stop it, take its engine server down, say what was kept, and exit 128 + signum."""
+    import psutil
+
+    out = tmp_path / ("gen.parquet" if command == "generate" else "ev")
+    args = [command, *_args(tiny_model_dir, tmp_path), "--out", str(out), "--concurrency", "1"]
+    args += ["-n", "3"] if command == "generate" else ["-k", "3"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    children: list = []
+    try:
+        for line in proc.stdout:  # a status line per finished row: the engine is up and serving
+            if ("episodes (1/" if command == "eval" else "generate: 1/") in line:
+                children = psutil.Process(proc.pid).children(recursive=True)
+                break
+        else:
+            pytest.fail(f"{command} ended (rc {proc.wait()}) before finishing a row")
+        assert children, "the engine server runs as a child process"
+        proc.send_signal(sig)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + sig, rest[-3000:]
+    assert f"asyncrl {command}: interrupted ({sig.name})" in rest
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, [p.pid for p in alive]
