@@ -163,11 +163,16 @@ def plan(seqs: Sequence[SeqSpec], token_budget: int, packing: bool, share_prompt
     return [sorted(n for b in bin_ for n in units[b]) for bin_ in bins]
 
 
+def _attn_implementation(model: torch.nn.Module) -> str | None:
+    """The attention kernel of a transformers model, or of a critic's trunk."""
+    cfg = getattr(model, "config", None) or getattr(getattr(model, "trunk", None), "config", None)
+    return getattr(cfg, "_attn_implementation", None)
+
+
 def shares_prompts_with(model: torch.nn.Module) -> bool:
     """Whether `model`'s attention takes the custom 4-D mask of shared-prompt rows (sdpa or eager; flash
     kernels read only position_ids and would let branches see each other)."""
-    cfg = getattr(model, "config", None) or getattr(getattr(model, "trunk", None), "config", None)
-    return getattr(cfg, "_attn_implementation", None) in ("sdpa", "eager")
+    return _attn_implementation(model) in ("sdpa", "eager")
 
 
 @dataclass(frozen=True)
@@ -195,8 +200,7 @@ def mask_argument(mb: MicroBatch, model: torch.nn.Module, device: Any = "cpu") -
         return None
     m = m.to(device)
     if m.dim() == 4:
-        cfg = getattr(model, "config", None) or getattr(getattr(model, "trunk", None), "config", None)
-        impl = getattr(cfg, "_attn_implementation", None)
+        impl = _attn_implementation(model)
         if impl == "eager":
             dtype = next(model.parameters()).dtype
             return torch.zeros(m.shape, dtype=dtype, device=device).masked_fill(~m, torch.finfo(dtype).min)
