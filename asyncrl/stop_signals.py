@@ -11,19 +11,36 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def stop_on_signals() -> dict:
-    """Install the handler; returns a dict that records which signal arrived (`signum`)."""
-    got: dict = {}
+    """Install the handler for the rest of the process; returns a dict that records which signal arrived
+    (`signum`) and the handlers it replaced (`previous`)."""
+    got: dict = {"previous": {sig: signal.getsignal(sig) for sig in SIGNALS}}
 
     def handler(signum: int, frame: object) -> None:
         got["signum"] = signum
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in SIGNALS:
         signal.signal(sig, handler)
     return got
+
+
+@contextmanager
+def stopping_on_signals() -> Iterator[dict]:
+    """`stop_on_signals` for the duration of a command run in-process (the CLI, or a test calling its
+    main): the handlers it replaced are put back afterwards."""
+    got = stop_on_signals()
+    try:
+        yield got
+    finally:
+        for sig, previous in got["previous"].items():
+            signal.signal(sig, previous)
 
 
 def interrupted(prog: str, got: dict, detail: str) -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import ConfigError
-from asyncrl.stop_signals import interrupted, stop_on_signals
+from asyncrl.stop_signals import interrupted, stopping_on_signals
 
 RAW_ARGS = True  # Hydra overrides mix with the flags: parsed here (parse_intermixed_args)
 
@@ -87,12 +87,12 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError, CheckpointPathError, OfflineError) as e:
         print(f"asyncrl eval: {e}", file=sys.stderr)
         return 2
-    got = stop_on_signals()
-    try:
-        return run_eval(cfg, source, rows, out, a)
-    except KeyboardInterrupt:
-        return interrupted("asyncrl eval", got, f"the episodes finished so far are in {out / 'episodes.jsonl'}; "
-                                               "no summary was written")
+    with stopping_on_signals() as got:
+        try:
+            return run_eval(cfg, source, rows, out, a)
+        except KeyboardInterrupt:
+            return interrupted("asyncrl eval", got,
+                               f"the episodes finished so far are in {out / 'episodes.jsonl'}; no summary was written")
 
 
 def run_eval(cfg: Any, source: Any, rows: list[tuple[int, dict]], out: Path, a: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import ConfigError
-from asyncrl.stop_signals import interrupted, stop_on_signals
+from asyncrl.stop_signals import interrupted, stopping_on_signals
 
 RAW_ARGS = True  # Hydra overrides mix with the flags: parsed here (parse_intermixed_args)
 JOB_FILE = "job.json"
@@ -155,12 +155,12 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError, CheckpointPathError, OfflineError) as e:
         print(f"asyncrl generate: {e}", file=sys.stderr)
         return 2
-    got = stop_on_signals()
-    try:
-        return run_generate(cfg, source, rows, out, parts, a)
-    except KeyboardInterrupt:
-        return interrupted("asyncrl generate", got, f"the rows written so far are kept in {parts}; the same "
-                                                   "command resumes from them")
+    with stopping_on_signals() as got:
+        try:
+            return run_generate(cfg, source, rows, out, parts, a)
+        except KeyboardInterrupt:
+            return interrupted("asyncrl generate", got,
+                               f"the rows written so far are kept in {parts}; the same command resumes from them")
 
 
 def run_generate(cfg: Any, source: Any, rows: list[tuple[int, dict]], out: Path, parts: Path,

@@ -106,13 +106,13 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError, DataError) as e:
         print(f"asyncrl sft: {e}", file=sys.stderr)
         return 2
-    from asyncrl.stop_signals import interrupted, stop_on_signals
+    from asyncrl.stop_signals import interrupted, stopping_on_signals
 
-    got = stop_on_signals()
-    try:
-        return train(cfg, trajs, val, a)
-    except KeyboardInterrupt:
-        return interrupted("asyncrl sft", got, f"the same command resumes from the last checkpoint in {a.out}")
+    with stopping_on_signals() as got:
+        try:
+            return train(cfg, trajs, val, a)
+        except KeyboardInterrupt:
+            return interrupted("asyncrl sft", got, f"the same command resumes from the last checkpoint in {a.out}")
 
 
 def val_loss(worker: Any, trajs: list[Any]) -> float:
