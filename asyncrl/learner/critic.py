@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.learner.gae import value_loss
-from asyncrl.learner.packing import Layout, SeqSpec, mask_argument, scatter_rows, shares_prompts_with
+from asyncrl.learner.packing import Layout, SeqSpec, mask_argument, scatter_rows
 from asyncrl.models import load_model
 
 if TYPE_CHECKING:
@@ -161,10 +161,8 @@ class CriticWorker:
         init_distributed(rank, world_size, self.device, timeout_s=cfg.trainer.learner_timeout_s)
         tok = load_tokenizer(cfg.model)
         self.pad_id = pad_token_id(tok)
-        self.layout = Layout(self.algo.micro_batch_tokens, self.algo.packing, False, self.pad_id)  # until built
         self.critic = Critic(self)
-        share = self.algo.packing and self.algo.share_prompts and shares_prompts_with(self.critic.model)
-        self.layout = Layout(self.algo.micro_batch_tokens, self.algo.packing, share, self.pad_id)
+        self.layout = Layout.for_model(self.algo, self.critic.model, self.pad_id)
 
     def shard(self, model: torch.nn.Module) -> None:
         from asyncrl.learner.distributed import shard_fsdp2

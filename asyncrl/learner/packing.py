@@ -87,8 +87,7 @@ class MicroBatch:
 
 def plan_micro_batches(lengths: Sequence[int], token_budget: int, packing: bool) -> list[list[int]]:
     """Group sequence indices into micro-batches under `token_budget` (see the module docstring)."""
-    if token_budget < 1:
-        raise ValueError(f"algorithm.micro_batch_tokens must be >= 1, got {token_budget}")
+    _check_budget(token_budget)
     if packing:
         return first_fit_decreasing(lengths, token_budget)
     out: list[list[int]] = []
@@ -101,6 +100,11 @@ def plan_micro_batches(lengths: Sequence[int], token_budget: int, packing: bool)
     if cur:
         out.append(cur)
     return out
+
+
+def _check_budget(token_budget: int) -> None:
+    if token_budget < 1:
+        raise ValueError(f"algorithm.micro_batch_tokens must be >= 1, got {token_budget}")
 
 
 def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -156,14 +160,13 @@ def plan(seqs: Sequence[SeqSpec], token_budget: int, packing: bool, share_prompt
     a unit's cost is its tree length, units are binned first-fit decreasing."""
     if not (packing and share_prompts):
         return plan_micro_batches([s.length for s in seqs], token_budget, packing)
-    if token_budget < 1:
-        raise ValueError(f"algorithm.micro_batch_tokens must be >= 1, got {token_budget}")
+    _check_budget(token_budget)
     units = prompt_units(seqs, token_budget)
     bins = first_fit_decreasing([unit_length(seqs, u) for u in units], token_budget)
     return [sorted(n for b in bin_ for n in units[b]) for bin_ in bins]
 
 
-def _attn_implementation(model: torch.nn.Module) -> str | None:
+def attn_implementation(model: torch.nn.Module) -> str | None:
     """The attention kernel of a transformers model, or of a critic's trunk."""
     cfg = getattr(model, "config", None) or getattr(getattr(model, "trunk", None), "config", None)
     return getattr(cfg, "_attn_implementation", None)
@@ -172,7 +175,7 @@ def _attn_implementation(model: torch.nn.Module) -> str | None:
 def shares_prompts_with(model: torch.nn.Module) -> bool:
     """Whether `model`'s attention takes the custom 4-D mask of shared-prompt rows (sdpa or eager; flash
     kernels read only position_ids and would let branches see each other)."""
-    return _attn_implementation(model) in ("sdpa", "eager")
+    return attn_implementation(model) in ("sdpa", "eager")
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,12 @@ class Layout:
     packing: bool
     share_prompts: bool
     pad_id: int
+
+    @classmethod
+    def for_model(cls, algo: Any, model: torch.nn.Module, pad_id: int) -> Layout:
+        """The layout `algo` (an AlgorithmConfig) asks for, shared prompts only where `model` can take them."""
+        share = algo.packing and algo.share_prompts and shares_prompts_with(model)
+        return cls(algo.micro_batch_tokens, algo.packing, share, pad_id)
 
     def plan(self, specs: Sequence[SeqSpec], local: Sequence[int]) -> list[list[int]]:
         """Micro-batches (positions into `local`) of the sequences `specs[i] for i in local`."""
@@ -200,7 +209,7 @@ def mask_argument(mb: MicroBatch, model: torch.nn.Module, device: Any = "cpu") -
         return None
     m = m.to(device)
     if m.dim() == 4:
-        impl = _attn_implementation(model)
+        impl = attn_implementation(model)
         if impl == "eager":
             dtype = next(model.parameters()).dtype
             return torch.zeros(m.shape, dtype=dtype, device=device).masked_fill(~m, torch.finfo(dtype).min)
@@ -230,7 +239,7 @@ def _tree_rows(seqs: Sequence[SeqSpec], pad_id: int) -> tuple:
             p = seqs[members[0]].prompt_len
             ids[r, off : off + p - 1] = seqs[members[0]].input_ids[: p - 1].long()
             pos[r, off : off + p - 1] = torch.arange(p - 1)
-            unit_of[r, off : off + unit_length(seqs, members)] = u
+            unit_of[r, off : off + ulen[u]] = u
             off += p - 1
             for k, n in enumerate(members, start=1):
                 s = seqs[n]
@@ -240,7 +249,6 @@ def _tree_rows(seqs: Sequence[SeqSpec], pad_id: int) -> tuple:
                 branch[r, off : off + width] = k
                 row_of[n], offsets[n] = r, off - (p - 1)
                 off += width
-        pos[r, off:] = 0
     col = torch.arange(L)
     causal = col[None, :] <= col[:, None]  # [q, k]
     same_unit = unit_of[:, :, None] == unit_of[:, None, :]

@@ -61,9 +61,9 @@ from asyncrl.learner.packing import (
     Layout,
     MicroBatch,
     SeqSpec,
+    attn_implementation,
     kept_logits,
     scatter_rows,
-    shares_prompts_with,
     specs_of,
 )
 from asyncrl.models import load_model, load_tokenizer, pad_token_id
@@ -132,12 +132,10 @@ class LearnerWorker:
         master_dtype = "float32" if cfg.model.dtype == "auto" else cfg.model.dtype
         self.model = self._build(master_dtype, trainable=True)
         # the samples of one prompt scored as one tree (asyncrl/learner/packing.py) where the attention allows
-        share = self.algo.packing and self.algo.share_prompts and shares_prompts_with(self.model)
-        if self.algo.packing and self.algo.share_prompts and not share and rank == 0:
+        self.layout = Layout.for_model(self.algo, self.model, self.pad_id)
+        if self.algo.packing and self.algo.share_prompts and not self.layout.share_prompts and rank == 0:
             log.warning("algorithm.share_prompts=true but the model's attention (%s) takes no custom mask: each "
-                        "sample is scored with its own copy of the prompt",
-                        getattr(self.model.config, "_attn_implementation", None))
-        self.layout = Layout(self.algo.micro_batch_tokens, self.algo.packing, share, self.pad_id)
+                        "sample is scored with its own copy of the prompt", attn_implementation(self.model))
         self.ref_model = self._build(master_dtype, trainable=False) if self.algo.kl_coef > 0 else None
         gae_critic = self.algo.adv_estimator == "gae"
         # placement=separate: the values come with each batch from the critic's own ranks (CriticWorker)
