@@ -108,19 +108,26 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def _check_run(out: Path, steps: int, max_staleness: int) -> list[dict]:
+def _check_run(out: Path, steps: int, max_staleness: int, stale_drops_allowed: bool = False) -> list[dict]:
+    """Every step trained once, at its version, on 2 groups x 2 samples; no episode failed. With
+    `stale_drops_allowed`, a batch may be short by members the buffer dropped as stale (a group whose
+    members were generated on either side of a fault: the bound is kept, the drop counted), and by no more."""
     recs = [r for r in read_metrics(out / "metrics.jsonl") if "train/reward_mean" in r]
     assert [r["step"] for r in recs] == list(range(1, steps + 1))
     assert [r["version"] for r in recs] == list(range(1, steps + 1))  # one version per step
+    shortfall = 0
     for r in recs:
         assert r["train/staleness_max"] <= max_staleness
-        assert r["train/num_trajectories"] == 4  # 2 groups x 2 samples
+        assert 1 <= r["train/num_trajectories"] <= 4
+        shortfall += 4 - r["train/num_trajectories"]
+    assert shortfall <= (recs[-1]["buffer/dropped_stale"] if stale_drops_allowed else 0), recs[-1]
+    assert recs[-1]["rollout/episodes_failed"] == 0 and recs[-1]["buffer/groups_dropped_failed"] == 0
     assert (out / "checkpoints" / f"step_{steps:06d}").is_dir()
     assert (out / "final" / "config.json").is_file()
     dumped = list(out.glob("trajectories-w*.jsonl"))
     assert dumped and sum(1 for _ in open(dumped[0])) >= 4
     uids = [u for rec in _trained(out) for u in rec["uids"]]
-    assert len(uids) == len(set(uids)) == 4 * steps  # nothing trained twice
+    assert len(uids) == len(set(uids)) == 4 * steps - shortfall  # nothing trained twice
     # what `asyncrl view` reads: every line whole, token arrays aligned, trained rows at the step that trained them
     view = RunReader(out)
     view.poll()
@@ -179,7 +186,8 @@ def test_async_run_survives_a_killed_worker_a_killed_engine_and_a_hung_engine(ti
     """One async run, three faults on its real processes, each injected once the previous one healed:
     a SIGKILLed rollout worker (restarted at its position), a SIGKILLed engine server (relaunched), then
     a hung one: the replacement SIGSTOPped (its process lives, its socket accepts, nothing answers) fails
-    its one-token liveness probes, is SIGKILLed and relaunched. The run completes with full batches."""
+    its one-token liveness probes, is SIGKILLed and relaunched. The run completes; no episode fails, and a
+    batch is short only by members the buffer dropped as stale."""
     out, total = tmp_path / "faults", 8
     # a sync caught by an engine's death or hang mid-collective is abandoned after weight_sync.timeout_s
     proc = _train(_overrides(tiny_model_dir, out, **{"trainer.total_steps": total, "trainer.weight_sync.timeout_s": 20,
@@ -204,7 +212,9 @@ def test_async_run_survives_a_killed_worker_a_killed_engine_and_a_hung_engine(ti
     assert proc.returncode == 0, log[-4000:]
     assert "failed 2 liveness probes in a row" in log, log[-4000:]
     assert not hung.is_running() or hung.status() == psutil.STATUS_ZOMBIE  # killed, not left stopped
-    recs = _check_run(out, total, max_staleness=1)  # every batch full: no episode was given up on
+    # no episode was given up on: a batch is short only by a member dropped as stale (its group's other
+    # member waited out the hang while the learner moved on), counted by the buffer
+    recs = _check_run(out, total, max_staleness=1, stale_drops_allowed=True)
     assert recs[-1]["faults/worker_restarts"] >= 1
     assert recs[-1]["faults/engine_restarts"] >= 2
 
