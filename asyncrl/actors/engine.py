@@ -26,7 +26,7 @@ import ray
 from asyncrl.config import Config
 from asyncrl.engine.auth import auth_headers
 from asyncrl.engine.launcher import EngineProcess, launch_embedded, launch_sglang
-from asyncrl.models import default_device
+from asyncrl.models import default_device, engine_dtype
 from asyncrl.net import free_port
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,8 @@ def launch_configured(cfg: Config, model_dir: str, *, port: int, threads: Option
     if e.type == "sglang":
         return launch_sglang(model_dir, host=e.host, port=port, cfg=e, weight_version=weight_version, log_dir=log_dir)
     return launch_embedded(
-        model_dir, host=e.host, port=port, device=e.device or default_device(), dtype=_dtype(e.dtype),
+        model_dir, host=e.host, port=port, device=e.device or default_device(),
+        dtype=engine_dtype(e.dtype, e.device or default_device()),
         max_running_seqs=e.max_running_seqs, weight_version=weight_version, startup_timeout_s=e.launch_timeout_s,
         threads=threads, extra_env={"OMP_NUM_THREADS": str(threads)} if threads else None,
         weights_dirs=run_weight_dirs(cfg), log_dir=log_dir,
@@ -159,8 +160,3 @@ def run_weight_dirs(cfg: Config) -> list[str]:
     and the disk transport's directory (the controller resolves both to absolute paths)."""
     return [d for d in (cfg.trainer.output_dir, cfg.trainer.weight_sync.disk_dir) if d]
 
-
-def _dtype(name: str) -> str:
-    if name != "auto":
-        return name
-    return "bfloat16" if default_device().startswith("cuda") else "float32"

@@ -31,7 +31,7 @@ from asyncrl.config import ModelConfig
 from asyncrl.engine.base import SamplingParams
 from asyncrl.engine.client import EngineClient
 from asyncrl.engine.launcher import launch_embedded
-from asyncrl.models import resolve_model_dir
+from asyncrl.models import engine_dtype, resolve_model_dir, torch_dtype
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model-path", default=None, help="default: the default model (SmolLM2-135M)")
     parser.add_argument("--skip-cb", action="store_true", help="skip (c), transformers' continuous batching")
+    parser.add_argument("--skip-static", action="store_true", help="skip (b), static-batch generate")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="every side's weights and compute (auto: what the engine serves on this machine)")
     parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="interleaved rounds; medians are reported")
 
 
@@ -128,7 +131,9 @@ def run(args: argparse.Namespace) -> dict:
                     len(tok), args.seed)
     tokens = sum(n for _, n in work)
     threads = torch.get_num_threads()
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    dtype = engine_dtype(args.dtype, "cpu")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype, "cpu"),
+                                                 attn_implementation="sdpa").eval()
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
 
     def static() -> float:
@@ -136,20 +141,23 @@ def run(args: argparse.Namespace) -> dict:
             return _static_run(model, work, args.batch, pad)
 
     # the engine's server process lives through every round (idle while the other sides run)
-    with launch_embedded(model_dir, max_running_seqs=args.batch, threads=threads) as proc:
-        sides = {"engine": lambda: asyncio.run(_engine_run(proc.url, work)), "static": static}
+    with launch_embedded(model_dir, max_running_seqs=args.batch, threads=threads, dtype=dtype) as proc:
+        sides = {"engine": lambda: asyncio.run(_engine_run(proc.url, work))}
+        if not args.skip_static:
+            sides["static"] = static
         if not args.skip_cb:
             sides["hf_continuous"] = lambda: _cb_run(model, work, args.batch)
         seconds = interleave(sides, args.rounds)
     out: dict[str, Any] = {
         "model": str(model_dir).rsplit("/", 1)[-1], "requests": len(work), "output_tokens": tokens,
-        "batch": args.batch, "threads": threads, "rounds": args.rounds,
+        "batch": args.batch, "threads": threads, "rounds": args.rounds, "dtype": dtype,
     }
     names = {"engine": "engine", "static": "static_generate", "hf_continuous": "hf_continuous"}
     for side, values in seconds.items():
         out.update(summary(f"{names[side]}_tok_s", [tokens / v for v in values]))
         out.update(summary(f"{names[side]}_s", values))
-    out["a_over_b"] = ratio(seconds["static"], seconds["engine"])
+    if "static" in seconds:
+        out["a_over_b"] = ratio(seconds["static"], seconds["engine"])
     if "hf_continuous" in seconds:
         out["a_over_c"] = ratio(seconds["hf_continuous"], seconds["engine"])
     return out

@@ -43,13 +43,15 @@ class SmallBatchLinear(nn.Linear):
 
 
 def use_small_batch_linears(model: nn.Module, max_rows: int = SMALL_BATCH_ROWS) -> int:
-    """Switch every plain nn.Linear of a CPU model to SmallBatchLinear (same parameters, same module
-    tree); returns how many. A model on another device is left alone (0)."""
+    """Switch every plain fp32 nn.Linear of a CPU model to SmallBatchLinear (same parameters, same module
+    tree); returns how many. A model on another device, or in bf16, is left alone (0): bf16's kernels on
+    this CPU run the plain product faster (SmolLM2-135M decode at 16 rows, 2 threads: 24.7 ms plain,
+    32.6 ms transposed; 4 rows 19.0 / 29.3 ms)."""
     if max_rows < 1:
         raise ValueError(f"max_rows must be >= 1, got {max_rows}")
     n = 0
     for m in model.modules():
-        if type(m) is nn.Linear and m.weight.device.type == "cpu":
+        if type(m) is nn.Linear and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32:
             m.__class__ = SmallBatchLinear
             m.max_rows = max_rows
             n += 1

@@ -1,15 +1,26 @@
-"""The running batch's KV cache: one left-padded slab per layer that grows in place.
+"""The running batch's KV cache: a fixed set of row slots per layer, written in place.
 
-Layout per layer: keys/values buffers [B, H, capacity, D]; the first `length` columns are in use,
-and row b's real tokens are the columns where `mask[b] == 1` (its tokens are right-aligned: a row
-that joined with a shorter history has zeros on its left). A decode step appends one column for
-every row by writing into spare capacity (no copy of the whole cache per step, unlike
-transformers' DynamicLayer which concatenates). Rows join (`merge`, after their own prefill) and
-leave (`select`) between steps; both copy the slab once. After rows leave, columns that are
-padding in every remaining row are dropped (`select` trims them).
+Layout per layer: key/value buffers [S, H, C, D] (S = the engine's max running sequences, C = capacity
+in columns). Rows 0..rows-1 are the running sequences, in the scheduler's `running` order; columns
+0..length-1 are in use. Every row's real tokens are right-aligned to `length`: row r holds them in
+columns [length - real[r], length), where `mask[r]` is true, so one decode step writes one column,
+`length`, for every row, and a row's next position is its count of real tokens.
 
-The model sees a `transformers` Cache whose layers are `SlabLayer`s, with a 2-D attention mask
-[B, length + 1] and per-row position ids, exactly as `generate` drives a left-padded batch.
+What each change costs (the old layout copied every layer's whole slab whenever a row joined or left):
+- `add` (after a request's own prefill): its K/V are written into row `rows`, at
+  [length - p, length); a prompt longer than `length` rebuilds the slab first (`_rebuild`);
+- `remove(i)`: the last row moves into row i (one row's live columns copied); the scheduler moves
+  its request list the same way (`running[i] = running.pop()`);
+- a decode step: the forward writes column `length` of rows 0..rows-1 (`SlabLayer.update`), then
+  `appended()` advances `length` and every row's `real`;
+- `_rebuild`: one copy of the live columns into a fresh buffer with `_GROW` spare columns, when the
+  slab is full, when a longer prompt joins, or when the columns no running row uses (left of every
+  row's first token) reach half of `length` (`trim`), so attention never runs over much dead width.
+
+The model sees a `transformers` Cache whose layers are `SlabLayer`s (views of rows 0..rows-1, columns
+0..length-1), a 2-D attention mask [rows, length + 1] and per-row position ids, exactly as `generate`
+drives a left-padded batch. Buffers start zeroed and only ever hold real K/V, so masked columns are
+finite (a masked NaN would still poison softmax(.) @ V).
 """
 
 from __future__ import annotations
@@ -17,124 +28,160 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-_GROW = 128  # spare columns allocated whenever the slab is (re)built or full
+_GROW = 128  # spare columns allocated whenever the slab is (re)built
+_TRIM_MIN = 64  # dead columns on the left worth a rebuild (and at least half of `length`)
 
 
 class SlabLayer(DynamicLayer):
-    """A DynamicLayer that appends into preallocated capacity instead of concatenating."""
+    """One layer's view of the slots: rows 0..rows-1, columns 0..length-1; `update` writes in place."""
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, length: int):
+    def __init__(self, k: torch.Tensor, v: torch.Tensor):
         super().__init__()
-        self.kbuf, self.vbuf, self.length = k, v, length
+        self.kbuf, self.vbuf, self.rows, self.length = k, v, 0, 0
         self.dtype, self.device = k.dtype, k.device
         self.is_initialized = True
-        self._sync()
+        self.view(0, 0)
 
-    def _sync(self) -> None:
-        self.keys = self.kbuf[:, :, : self.length]
-        self.values = self.vbuf[:, :, : self.length]
+    def view(self, rows: int, length: int) -> None:
+        self.rows, self.length = rows, length
+        self.keys = self.kbuf[:rows, :, :length]
+        self.values = self.vbuf[:rows, :, :length]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         n = key_states.shape[-2]
-        if self.length + n > self.kbuf.shape[2]:
-            self.kbuf = _grow(self.kbuf, self.length, self.length + n + _GROW)
-            self.vbuf = _grow(self.vbuf, self.length, self.length + n + _GROW)
-        self.kbuf[:, :, self.length : self.length + n] = key_states
-        self.vbuf[:, :, self.length : self.length + n] = value_states
-        self.length += n
-        self._sync()
+        if key_states.shape[0] != self.rows or self.length + n > self.kbuf.shape[2]:
+            raise RuntimeError(f"KV slots: a forward of {key_states.shape[0]} rows x {n} new columns does not fit "
+                               f"{self.rows} rows at length {self.length} of capacity {self.kbuf.shape[2]}")
+        self.kbuf[: self.rows, :, self.length : self.length + n] = key_states
+        self.vbuf[: self.rows, :, self.length : self.length + n] = value_states
+        self.view(self.rows, self.length + n)
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
         return self.length
 
 
-def _grow(buf: torch.Tensor, used: int, capacity: int) -> torch.Tensor:
-    b, h, _, d = buf.shape
-    out = buf.new_zeros((b, h, capacity, d))
-    out[:, :, :used] = buf[:, :, :used]
-    return out
+class KVSlots:
+    """The running rows' caches (see the module docstring). `slots` bounds the rows. Its tensors are
+    inference tensors (the engine's forwards make them): every method that writes them runs under
+    inference mode, wherever it is called from (`remove` runs in the scheduler's reap, outside a forward)."""
 
-
-class KVBatch:
-    """The running batch's cache and attention mask. Row order is the caller's row order."""
-
-    def __init__(self, layers: list[SlabLayer], mask: torch.Tensor):
-        self.layers = layers
-        self.mask = mask  # [B, length] long, 1 = real token
-
-    @property
-    def rows(self) -> int:
-        return self.mask.shape[0]
+    def __init__(self, slots: int):
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self.slots = slots
+        self.rows = 0
+        self.length = 0
+        self.layers: list[SlabLayer] = []
+        self.mask: torch.Tensor | None = None  # [S, C] bool: column holds a real token of the row
+        self.real: torch.Tensor | None = None  # [S] long: real tokens per row (its next position)
+        self.rebuilds = 0  # how many times the slab was copied whole (a measure of the layout's cost)
 
     @property
-    def length(self) -> int:
-        return self.mask.shape[1]
+    def capacity(self) -> int:
+        return self.mask.shape[1] if self.mask is not None else 0
 
-    @classmethod
-    def from_cache(cls, cache: Cache) -> KVBatch:
-        """Adopt the cache of a one-row prefill (no padding)."""
-        layers = []
-        for layer in cache.layers:
-            k, v = layer.keys, layer.values
-            n = k.shape[2]
-            layers.append(SlabLayer(_grow(k, n, n + _GROW), _grow(v, n, n + _GROW), n))
-        n = layers[0].length
-        return cls(layers, torch.ones((k.shape[0], n), dtype=torch.long, device=k.device))
+    def clear(self) -> None:
+        """Drop every row (the buffers stay for the next rows)."""
+        self.rows, self.length = 0, 0
+
+    @torch.inference_mode()
+    def add(self, cache: Cache) -> int:
+        """Append the one-row cache of a prefill as the last row; returns its index."""
+        if self.rows >= self.slots:
+            raise RuntimeError(f"KV slots: all {self.slots} rows are in use")
+        keys = [layer.keys for layer in cache.layers]
+        values = [layer.values for layer in cache.layers]
+        p = keys[0].shape[2]
+        if not self.layers:
+            self._allocate(keys[0], len(keys), p + _GROW)
+        if self.rows == 0:
+            self.length = 0
+        if p > self.length or self.length >= self.capacity:
+            self._rebuild(min_length=p)
+        r, end = self.rows, self.length
+        for layer, k, v in zip(self.layers, keys, values):
+            layer.kbuf[r, :, end - p : end] = k[0]
+            layer.vbuf[r, :, end - p : end] = v[0]
+        self.mask[r] = False
+        self.mask[r, end - p : end] = True
+        self.real[r] = p
+        self.rows += 1
+        return r
+
+    @torch.inference_mode()
+    def remove(self, i: int) -> None:
+        """Drop row i: the last row moves into it (the caller moves its own list the same way)."""
+        if not 0 <= i < self.rows:
+            raise IndexError(f"KV slots: row {i} is not one of the {self.rows} running rows")
+        last = self.rows - 1
+        if i != last:
+            start = self.length - int(self.real[last])
+            for layer in self.layers:
+                layer.kbuf[i, :, start : self.length] = layer.kbuf[last, :, start : self.length]
+                layer.vbuf[i, :, start : self.length] = layer.vbuf[last, :, start : self.length]
+            self.mask[i] = self.mask[last]
+            self.real[i] = self.real[last]
+        self.rows = last
+        if self.rows == 0:
+            self.length = 0
+        elif self._dead_columns() >= max(_TRIM_MIN, self.length // 2):
+            self._rebuild()
 
     def cache(self) -> Cache:
+        for layer in self.layers:
+            layer.view(self.rows, self.length)
         return Cache(layers=self.layers)
 
-    def merge(self, other: KVBatch) -> KVBatch:
-        """Rows of self followed by rows of other, right-aligned to the longer of the two."""
-        n = max(self.length, other.length)
-        layers = []
-        for a, b in zip(self.layers, other.layers):
-            layers.append(
-                SlabLayer(_stack(a.kbuf, a.length, b.kbuf, b.length, n), _stack(a.vbuf, a.length, b.vbuf, b.length, n), n)
-            )
-        mask = torch.zeros((self.rows + other.rows, n), dtype=torch.long, device=self.mask.device)
-        mask[: self.rows, n - self.length :] = self.mask
-        mask[self.rows :, n - other.length :] = other.mask
-        return KVBatch(layers, mask)
-
-    def select(self, keep: list[int]) -> KVBatch | None:
-        """Keep only rows `keep` (in that order), dropping columns that are padding in all of them."""
-        if not keep:
-            return None
-        idx = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
-        mask = self.mask.index_select(0, idx)
-        used = mask.any(dim=0).nonzero()
-        start = int(used[0].item()) if used.numel() else mask.shape[1]
-        mask = mask[:, start:].contiguous()
-        n = mask.shape[1]
-        layers = []
-        for layer in self.layers:
-            k = layer.kbuf.index_select(0, idx)[:, :, start : layer.length]
-            v = layer.vbuf.index_select(0, idx)[:, :, start : layer.length]
-            layers.append(SlabLayer(_grow(k, n, n + _GROW), _grow(v, n, n + _GROW), n))
-        return KVBatch(layers, mask)
-
+    @torch.inference_mode()
     def step_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(attention_mask [B, L+1], position_ids [B, 1], cache_position [1]) for one decode step.
+        """(attention_mask [rows, length+1], position_ids [rows, 1], cache_position [1]) for one decode
+        step of every row; makes room for the column it writes."""
+        if self.length + 1 > self.capacity:
+            self._rebuild()
+        n, L = self.rows, self.length
+        self.mask[:n, L] = True
+        return (self.mask[:n, : L + 1], self.real[:n].unsqueeze(1).clone(),
+                torch.tensor([L], dtype=torch.long, device=self.mask.device))
 
-        A row's position is its number of real cached tokens (positions count real tokens only)."""
-        ones = torch.ones((self.rows, 1), dtype=self.mask.dtype, device=self.mask.device)
-        attn = torch.cat([self.mask, ones], dim=1)
-        pos = self.mask.sum(dim=1, keepdim=True)
-        cache_pos = torch.tensor([self.length], dtype=torch.long, device=self.mask.device)
-        return attn, pos, cache_pos
-
+    @torch.inference_mode()
     def appended(self) -> None:
-        """Record that a decode step appended one real column to every row."""
-        ones = torch.ones((self.rows, 1), dtype=self.mask.dtype, device=self.mask.device)
-        self.mask = torch.cat([self.mask, ones], dim=1)
+        """Record that a decode step wrote column `length` for every row."""
+        self.length += 1
+        self.real[: self.rows] += 1
 
+    # ---- internals -------------------------------------------------------------------------
+    def _allocate(self, like: torch.Tensor, n_layers: int, capacity: int) -> None:
+        _, h, _, d = like.shape
+        self.layers = [SlabLayer(like.new_zeros((self.slots, h, capacity, d)), like.new_zeros((self.slots, h, capacity, d)))
+                       for _ in range(n_layers)]
+        self.mask = torch.zeros((self.slots, capacity), dtype=torch.bool, device=like.device)
+        self.real = torch.zeros((self.slots,), dtype=torch.long, device=like.device)
 
-def _stack(a: torch.Tensor, la: int, b: torch.Tensor, lb: int, n: int) -> torch.Tensor:
-    ba, h, _, d = a.shape
-    bb = b.shape[0]
-    out = a.new_zeros((ba + bb, h, n + _GROW, d))
-    out[:ba, :, n - la : n] = a[:, :, :la]
-    out[ba:, :, n - lb : n] = b[:, :, :lb]
-    return out
+    def _dead_columns(self) -> int:
+        """Columns on the left that no running row uses."""
+        if self.rows == 0:
+            return self.length
+        return self.length - int(self.real[: self.rows].max())
+
+    def _rebuild(self, min_length: int = 0) -> None:
+        """Copy the live columns right-aligned into fresh buffers of length max(live, min_length) with
+        `_GROW` spare columns."""
+        start = self._dead_columns()  # the first column a running row uses (length when none runs)
+        live = self.length - start
+        new_len = max(live, min_length)
+        cap = new_len + _GROW
+        off = new_len - live
+        n = self.rows
+        for layer in self.layers:
+            for name in ("kbuf", "vbuf"):
+                old = getattr(layer, name)
+                s, h, _, d = old.shape
+                new = old.new_zeros((s, h, cap, d))
+                new[:n, :, off:new_len] = old[:n, :, start : self.length]
+                setattr(layer, name, new)
+        mask = torch.zeros((self.slots, cap), dtype=torch.bool, device=self.mask.device)
+        mask[:n, off:new_len] = self.mask[:n, start : self.length]
+        self.mask = mask
+        self.length = new_len
+        self.rebuilds += 1

@@ -5,12 +5,15 @@ One asyncio task runs the loop. Each iteration, under `self.lock`:
      slot) first, then waiting requests (FIFO) while running < max_running_seqs and the running
      tokens (prompt + generated) stay <= max_running_tokens, at most `prefill_tokens_per_step`
      prompt tokens per iteration (the first admission is always allowed);
-  2. prefill each admitted request in its own forward (logits of the last position only), draw
-     its first token, and merge its KV cache into the running batch (`KVBatch.merge`);
-  3. one decode forward for all running rows together (left-padded cache, 2-D mask, per-row
-     positions), draw one token per row;
-  4. finished rows (stop token, max_new_tokens, context limit, abort) leave the batch and their
-     replies are sent; the others continue. Nobody waits for the longest sequence.
+  2. prefill the admitted requests, one forward per distinct prompt (logits of the last position
+     only): requests admitted together with the same input_ids (a GRPO group's samples) share one
+     prefill, and each draws its own first token with its own generator; each request's KV cache is
+     written into a free row of the running batch (`KVSlots.add`, one row copied);
+  3. one decode forward for all running rows together (right-aligned rows in fixed slots, 2-D mask,
+     per-row positions), draw one token per row;
+  4. finished rows (stop token, max_new_tokens, context limit, abort) leave the batch (the last row
+     moves into the freed one: `KVSlots.remove`) and their replies are sent; the others continue.
+     Nobody waits for the longest sequence.
 Forwards run in a worker thread (`asyncio.to_thread`) so the HTTP server stays responsive.
 `apply_weights` takes the same lock, so it never overlaps a forward.
 A forward that raises answers the requests it held with an error (HTTP 500) and the loop goes on: a
@@ -32,7 +35,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.engine.kvbatch import KVBatch
+from asyncrl.engine.kvbatch import KVSlots
 from asyncrl.engine.protocol import BadRequest, GenRequest, build_reply
 from asyncrl.engine.sampling import sample_row, token_logprobs
 
@@ -70,14 +73,15 @@ class EngineCore:
         self.device = next(model.parameters()).device
         self.lock = asyncio.Lock()
         self.waiting: collections.deque[GenRequest] = collections.deque()
-        self.running: list[GenRequest] = []
-        self.batch: KVBatch | None = None
+        self.running: list[GenRequest] = []  # row i of self.kv is running[i]
+        self.kv = KVSlots(max_running_seqs)
         self.live: dict[str, GenRequest] = {}
         self.paused = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.tokens_out = 0
         self.steps = 0
+        self.prefills = 0  # prefill forwards (a shared prompt counts once)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -162,7 +166,8 @@ class EngineCore:
                     r.finish = {"type": "abort", "message": "engine paused with mode=abort"}
                     self._resolve(r)
                 self.waiting.clear()
-                self.running, self.batch = [], None
+                self.running = []
+                self.kv.clear()
 
     async def resume(self) -> None:
         self.paused = False
@@ -193,7 +198,8 @@ class EngineCore:
 
     def stats(self) -> dict:
         return {"running": len(self.running), "waiting": len(self.waiting), "paused": self.paused,
-                "weight_version": self.weight_version, "tokens_out": self.tokens_out, "steps": self.steps}
+                "weight_version": self.weight_version, "tokens_out": self.tokens_out, "steps": self.steps,
+                "prefills": self.prefills, "kv_rebuilds": self.kv.rebuilds}
 
     # ---- the loop ----------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -209,16 +215,16 @@ class EngineCore:
                         continue
                     self._reap()
                     admitted = self._admit()
-                    while admitted:
-                        req = admitted[0]
+                    for same in _same_prompts(admitted):
                         try:
-                            await asyncio.to_thread(self._prefill, req)
-                        except Exception as e:  # this request's own forward failed: it alone fails
-                            log.exception("prefill of request %s failed", req.rid)
-                            self._fail([req], e)
-                        admitted.pop(0)
-                        if req.finished:
-                            self._resolve(req)
+                            await asyncio.to_thread(self._prefill, same)
+                        except Exception as e:  # this prompt's own forward failed: its requests alone fail
+                            log.exception("prefill of request(s) %s failed", [r.rid for r in same])
+                            self._fail([r for r in same if not r.finished and r not in self.running], e)
+                        for r in same:
+                            admitted.remove(r)
+                            if r.finished:
+                                self._resolve(r)
                     if self.running:
                         await asyncio.to_thread(self._decode)
                         self._reap()
@@ -227,7 +233,8 @@ class EngineCore:
             except Exception as e:  # a batch forward failed: answer every request it held, keep serving
                 log.exception("engine step failed")
                 self._fail(self.running + admitted, e)
-                self.running, self.batch = [], None
+                self.running = []
+                self.kv.clear()
             await asyncio.sleep(0)
 
     def _fail(self, reqs: list[GenRequest], e: BaseException) -> None:
@@ -266,14 +273,14 @@ class EngineCore:
         for r in self.running:
             if r.abort_requested and not r.finished:
                 r.finish = {"type": "abort", "message": "aborted by request"}
-        if not any(r.finished for r in self.running):
-            return
-        keep = [i for i, r in enumerate(self.running) if not r.finished]
-        for r in self.running:
+        for i in reversed(range(len(self.running))):  # from the end: a moved row is one already kept
+            r = self.running[i]
             if r.finished:
                 self._resolve(r)
-        self.batch = self.batch.select(keep) if self.batch is not None else None
-        self.running = [self.running[i] for i in keep]
+                self.kv.remove(i)
+                last = self.running.pop()
+                if i < len(self.running):
+                    self.running[i] = last
 
     def _resolve(self, r: GenRequest) -> None:
         self.live.pop(r.rid, None)
@@ -286,23 +293,25 @@ class EngineCore:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     @torch.inference_mode()
-    def _prefill(self, req: GenRequest) -> None:
-        ids = torch.tensor([req.input_ids], dtype=torch.long, device=self.device)
+    def _prefill(self, reqs: list[GenRequest]) -> None:
+        """One forward over the prompt `reqs` share; each draws its first token and, unless that
+        finished it, takes a row of the running batch."""
+        ids = torch.tensor([reqs[0].input_ids], dtype=torch.long, device=self.device)
         out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        self._emit([req], out.logits[:, -1])
-        if not req.finished:
-            kv = KVBatch.from_cache(out.past_key_values)
-            self.batch = kv if self.batch is None else self.batch.merge(kv)
-            self.running.append(req)
+        self.prefills += 1
+        self._emit(reqs, out.logits[:, -1].expand(len(reqs), -1))
+        for r in reqs:
+            if not r.finished:
+                self.kv.add(out.past_key_values)
+                self.running.append(r)
 
     @torch.inference_mode()
     def _decode(self) -> None:
-        batch = self.batch
         last = torch.tensor([[r.output_ids[-1]] for r in self.running], dtype=torch.long, device=self.device)
-        attn, pos, cache_pos = batch.step_inputs()
+        attn, pos, cache_pos = self.kv.step_inputs()
         out = self.model(input_ids=last, attention_mask=attn, position_ids=pos, cache_position=cache_pos,
-                         past_key_values=batch.cache(), use_cache=True)
-        batch.appended()
+                         past_key_values=self.kv.cache(), use_cache=True)
+        self.kv.appended()
         self.steps += 1
         self._emit(self.running, out.logits[:, -1])
 
@@ -332,3 +341,11 @@ class EngineCore:
                 r.finish = {"type": "stop", "matched": t}
             elif n >= r.max_new_tokens or len(r.input_ids) + n >= self.max_context:
                 r.finish = {"type": "length", "length": n}
+
+
+def _same_prompts(reqs: list[GenRequest]) -> list[list[GenRequest]]:
+    """`reqs` grouped by identical input_ids, in order of first appearance (one prefill per group)."""
+    groups: dict[tuple[int, ...], list[GenRequest]] = {}
+    for r in reqs:
+        groups.setdefault(tuple(r.input_ids), []).append(r)
+    return list(groups.values())
