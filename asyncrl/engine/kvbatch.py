@@ -150,6 +150,48 @@ class KVSlots:
         self.length += 1
         self.real[: self.rows] += 1
 
+    # ---- the fused step (asyncrl/engine/fused.py) -------------------------------------------
+    @torch.inference_mode()
+    def begin_step(self, new_lengths: list[int], like: torch.Tensor, n_layers: int) -> tuple[int, torch.Tensor | None]:
+        """Prepare one step in which rows 0..rows-1 each write one column and new rows (prompt lengths
+        `new_lengths`) take rows rows.. with their K/V right-aligned to the step's end. Returns the
+        decode column and the decode rows' mask [rows, 1, 1, column + 1]. `like` [1, Hkv, 1, D] gives
+        the buffers' head shape, dtype and device the first time."""
+        n = self.rows
+        if n + len(new_lengths) > self.slots:
+            raise RuntimeError(f"KV slots: {n} running + {len(new_lengths)} new rows exceed {self.slots}")
+        if not self.layers:
+            self._allocate(like, n_layers, max(new_lengths, default=0) + _GROW)
+        need = max(new_lengths, default=0)  # the step's end column must be at least the longest new prompt
+        if n == 0:
+            if need > self.capacity:
+                self._rebuild(min_length=need)
+            self.length = max(need - 1, 0)  # no row writes the decode column: the step ends at `need`
+        else:
+            if need > self.length + 1:
+                self._rebuild(min_length=need - 1)
+            if self.length + 1 > self.capacity:
+                self._rebuild()
+        col = self.length
+        end = col + 1 if n else max(need, 0)
+        self.mask[:n, col] = True
+        for j, p in enumerate(new_lengths):
+            r = n + j
+            self.mask[r] = False
+            self.mask[r, end - p : end] = True
+            self.real[r] = p
+        for layer in self.layers:
+            layer.view(n, col)
+        return col, (self.mask[:n, : col + 1].view(n, 1, 1, col + 1) if n else None)
+
+    @torch.inference_mode()
+    def end_step(self, new_rows: int) -> None:
+        """The step of `begin_step` ran: the decode rows gained a column, the new rows are running."""
+        n = self.rows
+        self.real[:n] += 1
+        self.length = self.length + 1 if n else max(self.length + 1, int(self.real[n : n + new_rows].max()) if new_rows else 0)
+        self.rows = n + new_rows
+
     # ---- internals -------------------------------------------------------------------------
     def _allocate(self, like: torch.Tensor, n_layers: int, capacity: int) -> None:
         _, h, _, d = like.shape

@@ -5,20 +5,22 @@ One asyncio task runs the loop. Each iteration, under `self.lock`:
      slot) first, then waiting requests (FIFO) while running < max_running_seqs and the running
      tokens (prompt + generated) stay <= max_running_tokens, at most `prefill_tokens_per_step`
      prompt tokens per iteration (the first admission is always allowed);
-  2. prefill the admitted requests, one forward per distinct prompt (logits of the last position
-     only): requests admitted together with the same input_ids (a GRPO group's samples) share one
-     prefill, and each draws its own first token with its own generator; each request's KV cache is
-     written into a free row of the running batch (`KVSlots.add`, one row copied);
-  3. one decode forward for all running rows together (right-aligned rows in fixed slots, 2-D mask,
-     per-row positions), draw one token per row;
+  2-3. one forward (`_step`, engine/fused.py) for the running rows' next tokens and the admitted
+     prompts together: requests admitted together with the same input_ids (a GRPO group's samples)
+     share one prompt in it, each draws its own token with its own generator, and each admitted
+     request that goes on takes a free row of the KV slots (its K/V written there by the forward).
+     For a model whose attention cannot run that way (`supports_fused`), the same in two parts: a
+     forward per distinct prompt (`_prefill`, logits of the last position only, K/V copied into a row
+     by `KVSlots.add`), then one decode forward for all running rows (right-aligned rows in fixed
+     slots, 2-D mask, per-row positions);
   4. finished rows (stop token, max_new_tokens, context limit, abort) leave the batch (the last row
      moves into the freed one: `KVSlots.remove`) and their replies are sent; the others continue.
      Nobody waits for the longest sequence.
 Forwards run in a worker thread (`asyncio.to_thread`) so the HTTP server stays responsive.
 `apply_weights` takes the same lock, so it never overlaps a forward.
 A forward that raises answers the requests it held with an error (HTTP 500) and the loop goes on: a
-failed prefill fails only its own request, a failed decode the running batch; no request is left
-unanswered. (Sampling values are validated at parse time, so a well-formed request never does this.)
+failed step fails the running batch and the requests it admitted (in the two-part layout a failed
+prefill fails only its own requests); no request is left unanswered. (Sampling values are validated at parse time, so a well-formed request never does this.)
 
 Versions: every drawn token records `weight_version` at the step that produced it; the reply
 reports them as SGLang's `weight_versions` spans (protocol.build_reply).
@@ -35,6 +37,7 @@ from typing import Any
 
 import torch
 
+from asyncrl.engine.fused import Segment, StepPlan, supports_fused, use_slot_attention
 from asyncrl.engine.kvbatch import KVSlots
 from asyncrl.engine.protocol import BadRequest, GenRequest, build_reply
 from asyncrl.engine.sampling import sample_row, token_logprobs
@@ -54,6 +57,7 @@ class EngineCore:
         max_running_seqs: int = 16,
         max_running_tokens: int = 16384,
         prefill_tokens_per_step: int = 2048,
+        fused: bool | None = None,
     ):
         if max_running_seqs < 1:
             raise ValueError(f"max_running_seqs must be >= 1, got {max_running_seqs}")
@@ -81,7 +85,17 @@ class EngineCore:
         self._task: asyncio.Task | None = None
         self.tokens_out = 0
         self.steps = 0
-        self.prefills = 0  # prefill forwards (a shared prompt counts once)
+        self.prefills = 0  # prompts prefilled (a shared prompt counts once)
+        # one forward per step, admitted prompts riding with the decode rows (engine/fused.py), where the
+        # model's attention allows it; else a forward per prompt, then the batched decode
+        self.fused = supports_fused(model) if fused is None else bool(fused)
+        if self.fused:
+            use_slot_attention(model)
+            self._n_layers = int(cfg.num_hidden_layers)
+            heads = int(cfg.num_attention_heads)
+            head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+            self._kv_like = torch.empty((1, int(getattr(cfg, "num_key_value_heads", None) or heads), 1, head_dim),
+                                        dtype=next(model.parameters()).dtype, device=self.device)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -215,6 +229,13 @@ class EngineCore:
                         continue
                     self._reap()
                     admitted = self._admit()
+                    if self.fused:
+                        await asyncio.to_thread(self._step, _same_prompts(admitted))
+                        for r in admitted:  # one that ended at its first token and took no row
+                            if r.finished and r not in self.running:
+                                self._resolve(r)
+                        self._reap()
+                        continue
                     for same in _same_prompts(admitted):
                         try:
                             await asyncio.to_thread(self._prefill, same)
@@ -291,6 +312,42 @@ class EngineCore:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    @torch.inference_mode()
+    def _step(self, groups: list[list[GenRequest]]) -> None:
+        """The fused step (engine/fused.py): one forward for the running rows' next tokens and the
+        prompts of `groups` (requests sharing a prompt); every request draws one token; admitted
+        requests that can go on (max_new_tokens > 1) take rows after the running ones."""
+        n = len(self.running)
+        ids = [r.output_ids[-1] for r in self.running]
+        segments, new_lengths, takers = [], [], []
+        for g in groups:
+            p, start = len(g[0].input_ids), n + sum(s.end - s.start for s in segments)
+            rows = []
+            for r in g:
+                if r.max_new_tokens > 1:
+                    rows.append(n + len(takers))
+                    new_lengths.append(p)
+                    takers.append(r)
+            segments.append(Segment(start, start + p, rows))
+            ids.extend(g[0].input_ids)
+        col, mask = self.kv.begin_step(new_lengths, self._kv_like, self._n_layers)
+        pos = [self.kv.real[:n]] + [torch.arange(s.end - s.start) for s in segments]
+        keep = list(range(n)) + [s.end - 1 for s in segments]
+        out = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=self.device),
+                         position_ids=torch.cat(pos).unsqueeze(0).to(self.device), use_cache=False,
+                         logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
+                         asyncrl_plan=StepPlan(self.kv, n, col, mask, segments))
+        self.kv.end_step(len(takers))
+        logits = out.logits[0]
+        reqs, rows = list(self.running), [logits[:n]]
+        for j, g in enumerate(groups):
+            reqs.extend(g)
+            rows.append(logits[n + j].expand(len(g), -1))
+        self.steps += 1 if n else 0
+        self.prefills += len(groups)
+        self._emit(reqs, torch.cat(rows))
+        self.running.extend(takers)
 
     @torch.inference_mode()
     def _prefill(self, reqs: list[GenRequest]) -> None:

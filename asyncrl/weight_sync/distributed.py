@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.net import free_port, is_loopback
-from asyncrl.weight_sync.bucketing import dtype_name, flat_groups, metas_of, pack
+from asyncrl.weight_sync.bucketing import dtype_name, flat_groups, metas_of, pack, parse_dtype
 from asyncrl.weight_sync.engine_http import EngineHTTP
 from asyncrl.weight_sync.errors import WeightMismatchError, WeightSyncError
 from asyncrl.weight_sync.group import destroy_group, init_custom_process_group
@@ -62,6 +62,17 @@ async def extensions_of(http: EngineHTTP, url: str) -> dict:
     return data if err is None and isinstance(data, dict) and data.get("asyncrl") else {}
 
 
+def _served_dtype(exts: list[dict]) -> torch.dtype | None:
+    """The one dtype every engine says it serves (GET /weight_sync_info "dtype"), else None."""
+    served = {x.get("dtype") for x in exts}
+    if len(served) != 1 or None in served:
+        return None
+    try:
+        return parse_dtype(str(served.pop()))
+    except ValueError:
+        return None
+
+
 class GroupTransport(Transport):
     uses_session = True
     shared_fate = True
@@ -77,6 +88,7 @@ class GroupTransport(Transport):
         self.pg: Any = None
         self.group_name = ""
         self.coalesce = False
+        self.cast_to: torch.dtype | None = None  # every engine serves this dtype (asyncrl extension): send in it
         self._inflight: asyncio.Future | None = None  # the broadcast thread of the current bucket
 
     # ------------------------------------------------------------------ group
@@ -112,6 +124,7 @@ class GroupTransport(Transport):
         exts = await asyncio.gather(*(extensions_of(http, u) for u in live))
         ours = all(exts)
         self.coalesce = self.coalesce_wanted and all(x.get("coalesce") for x in exts)
+        self.cast_to = _served_dtype(exts) if ours else None
         world = 1 + sum(tp)
         addr = self.master_address or master_address_for(live)
         port = free_port(addr if addr != "0.0.0.0" else "")
@@ -153,6 +166,9 @@ class GroupTransport(Transport):
                           report: SyncReport) -> dict[str, WeightSyncError]:
         if self.pg is None or engines != self.members:
             raise SyncAbandoned({}, f"the update group does not hold exactly {engines}")
+        if self.cast_to is not None:  # floating tensors in the engines' dtype: bf16 engines take half the bytes
+            bucket = [(n, t.to(self.cast_to) if t.is_floating_point() and t.dtype != self.cast_to else t)
+                      for n, t in bucket]
         metas = metas_of(bucket)
         body: dict[str, Any] = {"names": [m.name for m in metas], "dtypes": [m.dtype for m in metas],
                                 "shapes": [list(m.shape) for m in metas], "group_name": self.group_name,

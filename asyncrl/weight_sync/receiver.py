@@ -8,8 +8,8 @@ are refused outside a session (begin_weight_update ... end_weight_update), befor
 `weight_version` travels as a string; the core keeps an int. Collectives run in a worker thread so
 the server's event loop keeps serving /generate and the rest meanwhile.
 
-Checks happen before any byte moves: names must be the served model's state_dict keys, shapes and
-dtypes equal to the live tensor's. On a mismatch the receiver still takes part in the bucket's
+Checks happen before any byte moves: names must be the served model's state_dict keys, shapes
+equal to the live tensor's, dtypes equal or both floating point (converted on apply, as SGLang does). On a mismatch the receiver still takes part in the bucket's
 broadcast (into scratch buffers, thrown away) so that rank 0's collective completes and the group
 stays usable; nothing is applied and the answer is HTTP 400 "Failed to update parameter online: ..."
 naming the tensor (SGLang receives first and fails in load_weights: the same answer, the same order).
@@ -44,12 +44,15 @@ from asyncrl.weight_sync.safe_unpickle import load_named_tensors
 log = logging.getLogger(__name__)
 
 DEFAULT_GROUP_TIMEOUT_S = 300.0
-CAPABILITIES = {"asyncrl": True, "coalesce": True}  # GET /weight_sync_info: the extensions offered
+CAPABILITIES = {"asyncrl": True, "coalesce": True}  # GET /weight_sync_info: the extensions offered (+ "dtype")
+_FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16", "float64"})
 
 
 def check_metas(targets: dict[str, torch.Tensor], metas: Sequence[TensorMeta]) -> str | None:
-    """None if every meta names a tensor of `targets` with the same shape and dtype, else the
-    message naming the first bad tensor."""
+    """None if every meta names a tensor of `targets` with the same shape and a dtype it can take, else
+    the message naming the first bad tensor. A floating-point tensor may arrive in another floating
+    dtype (an fp32 learner into a bf16 engine): it is converted when applied, as SGLang's load_weights
+    copies into its parameters; any other dtype must be the engine's own."""
     for m in metas:
         dst = targets.get(m.name)
         if dst is None:
@@ -57,7 +60,8 @@ def check_metas(targets: dict[str, torch.Tensor], metas: Sequence[TensorMeta]) -
             return f"weight {m.name!r} is not a tensor of the served model (its names look like: {sample}, ...)"
         if tuple(dst.shape) != m.shape:
             return f"weight {m.name!r}: sender shape {list(m.shape)} != engine shape {list(dst.shape)}"
-        if str(dst.dtype).removeprefix("torch.") != m.dtype:
+        if str(dst.dtype).removeprefix("torch.") != m.dtype and not (
+                dst.is_floating_point() and m.dtype in _FLOAT_DTYPES):
             return f"weight {m.name!r}: sender dtype {m.dtype} != engine dtype {str(dst.dtype).removeprefix('torch.')}"
     return None
 

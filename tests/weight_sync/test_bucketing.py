@@ -72,7 +72,8 @@ def test_check_metas_names_the_bad_tensor():
     assert check_metas(targets, [TensorMeta("w", "float32", (2, 3))]) is None
     assert "'nope' is not a tensor" in check_metas(targets, [TensorMeta("nope", "float32", (3,))])
     assert check_metas(targets, [TensorMeta("b", "float32", (4,))]) == "weight 'b': sender shape [4] != engine shape [3]"
-    assert check_metas(targets, [TensorMeta("b", "bfloat16", (3,))]) == "weight 'b': sender dtype bfloat16 != engine dtype float32"
+    assert check_metas(targets, [TensorMeta("b", "bfloat16", (3,))]) is None  # floating: converted when applied
+    assert check_metas(targets, [TensorMeta("b", "int64", (3,))]) == "weight 'b': sender dtype int64 != engine dtype float32"
 
 
 @pytest.mark.parametrize("requested,cuda,colocated,want", [

@@ -168,6 +168,24 @@ async def test_gloo_sync_equals_fresh_engine_from_export(fresh, learner, outputs
         assert r["meta_info"]["weight_version"] == "1" and {s["version"] for s in r["meta_info"]["weight_versions"]} == {"1"}
 
 
+async def test_a_bf16_engine_takes_the_fp32_learner_cast_to_bf16_on_the_wire(learner, tiny_model_dir, tmp_path):
+    """engine.dtype=auto serves bf16 on this CPU while the learner keeps fp32: the sender learns the engines'
+    dtype (GET /weight_sync_info, asyncrl extension), casts floating tensors to it before the broadcast,
+    and the engine then answers as a bf16 engine launched on the learner's export."""
+    learner.export_hf(str(tmp_path / "export"))
+    with launch_embedded(tiny_model_dir, threads=1, dtype="bfloat16") as engine, \
+            launch_embedded(tmp_path / "export", threads=1, dtype="bfloat16") as ref:
+        assert info(engine.url)["dtype"] == "bfloat16"
+        sender = gloo()
+        await sender.connect([engine.url])
+        try:
+            report = await sender.sync(learner.iter_full_params(BUCKET), version=3)
+            assert report.ok and sender.transport.cast_to == torch.bfloat16
+        finally:
+            await sender.close()
+        assert greedy(engine.url) == greedy(ref.url) and version_of(engine.url) == "3"
+
+
 async def test_sglang_wire_format_without_extensions_gives_the_same_weights(shared, learner, outputs):
     """coalesce=False: one broadcast per tensor, as the sender talks to a real SGLang."""
     urls = [e.url for e in shared]
@@ -184,7 +202,7 @@ async def test_sglang_wire_format_without_extensions_gives_the_same_weights(shar
 @pytest.mark.parametrize("bad,needle", [
     (("model.norm.weight", torch.zeros(3)), "weight 'model.norm.weight': sender shape [3] != engine shape [64]"),
     (("model.not_a_layer.weight", torch.zeros(64)), "weight 'model.not_a_layer.weight' is not a tensor"),
-    (("model.norm.weight", torch.zeros(64, dtype=torch.float16)), "weight 'model.norm.weight': sender dtype float16"),
+    (("model.norm.weight", torch.zeros(64, dtype=torch.int32)), "weight 'model.norm.weight': sender dtype int32"),
 ], ids=["shape", "name", "dtype"])
 async def test_refused_bucket_raises_ends_the_session_and_keeps_the_group(shared, learner, outputs, bad, needle):
     urls = [e.url for e in shared]

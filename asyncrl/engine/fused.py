@@ -1,0 +1,107 @@
+"""One forward per engine step: every running row's next token and every admitted prompt together.
+
+A separate prefill forward per admitted prompt reads every weight once more than the decode step
+already does; on a CPU, where a 16-row decode of SmolLM2-135M is bound by that read (~25 ms of its
+~40), the prompts of a step ride in the decode forward instead (SGLang's mixed chunked prefill does
+the same on GPU). The forward's input is one flat row:
+
+    [d_0 .. d_{n-1}] [prompt_0 tokens] [prompt_1 tokens] ...
+
+with d_r the last token of running row r (position = its real token count) and each prompt at
+positions 0..p-1. The model's own modules compute projections, rotary embeddings and MLPs over all
+T tokens at once; attention goes through `slot_attention`, registered with transformers'
+AttentionInterface as "asyncrl_slots" (no attention mask is built for it), which per layer:
+  - writes the decode tokens' K/V into column `column` of rows 0..n-1 of the KV slots and attends
+    each with its row's cached columns (the slot mask), the query heads of one KV head packed as
+    SGLang/transformers do for one-token queries;
+  - attends each prompt causally over itself (the same sdpa call as a lone prefill), and writes its
+    K/V into the rows the plan gives it (several, when requests share the prompt; none for a
+    request that ends at its first token, e.g. a liveness probe).
+The logits are kept only at the decode tokens and at each prompt's last token.
+
+Models: those whose attention modules call transformers' attention interface with the rotated
+query/key/value and a `layer_idx`, with plain causal attention over the whole context
+(`supports_fused`: Llama, Qwen2/Qwen3 and Mistral families without a sliding window); any other model
+runs the engine's per-prompt prefill and batched decode (EngineCore, `fused=False`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from asyncrl.engine.kvbatch import KVSlots
+
+ATTENTION = "asyncrl_slots"
+FUSED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+
+
+@dataclass(slots=True)
+class Segment:
+    start: int  # the prompt's tokens in the flat row: [start, end)
+    end: int
+    rows: list[int] = field(default_factory=list)  # KV rows that take its K/V
+
+
+@dataclass(slots=True)
+class StepPlan:
+    kv: KVSlots
+    decode_rows: int  # rows 0..decode_rows-1 decode one token each
+    column: int  # the KV column their tokens are written to
+    decode_mask: torch.Tensor | None  # [n, 1, 1, column + 1] bool
+    segments: list[Segment]
+
+
+def supports_fused(model: Any) -> bool:
+    """The model's attention can run as `slot_attention` (see the module docstring)."""
+    cfg = model.config
+    if getattr(cfg, "model_type", None) not in FUSED_MODEL_TYPES:
+        return False
+    if getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True):
+        return False
+    attn = [m for name, m in model.named_modules() if name.endswith("self_attn")]
+    return bool(attn) and all(isinstance(getattr(m, "layer_idx", None), int) for m in attn)
+
+
+def use_slot_attention(model: Any) -> None:
+    """Register `slot_attention` (once) and make `model` call it."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, slot_attention)
+    model.set_attn_implementation(ATTENTION)
+
+
+def slot_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
+                   asyncrl_plan: StepPlan | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """query [1, H, T, D], key/value [1, Hkv, T, D] (rotated) -> ([1, T, H, D], None); see the module docstring."""
+    plan = asyncrl_plan
+    if plan is None:
+        raise RuntimeError("slot_attention runs only inside an engine step (no asyncrl_plan was passed)")
+    layer = plan.kv.layers[module.layer_idx]
+    _, h, t, d = query.shape
+    hkv = key.shape[1]
+    out = query.new_empty((1, t, h, d))
+    n, col = plan.decode_rows, plan.column
+    if n:
+        kd = key[0, :, :n].transpose(0, 1)  # [n, Hkv, D]
+        vd = value[0, :, :n].transpose(0, 1)
+        layer.kbuf[:n, :, col] = kd
+        layer.vbuf[:n, :, col] = vd
+        qd = query[0, :, :n].transpose(0, 1).reshape(n, hkv, h // hkv, d)  # one KV head's query heads as rows
+        od = F.scaled_dot_product_attention(qd, layer.kbuf[:n, :, : col + 1], layer.vbuf[:n, :, : col + 1],
+                                            attn_mask=plan.decode_mask, scale=scaling)
+        out[0, :n] = od.reshape(n, h, d)
+    end_col = col + 1
+    for seg in plan.segments:
+        q, k, v = query[:, :, seg.start : seg.end], key[:, :, seg.start : seg.end], value[:, :, seg.start : seg.end]
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=hkv != h)
+        out[0, seg.start : seg.end] = o[0].transpose(0, 1)
+        p = seg.end - seg.start
+        for r in seg.rows:
+            layer.kbuf[r, :, end_col - p : end_col] = k[0]
+            layer.vbuf[r, :, end_col - p : end_col] = v[0]
+    return out, None
