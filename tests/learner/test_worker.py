@@ -304,3 +304,36 @@ def test_train_step_checkpoint_and_export_on_gpu(tiny_model_dir, tmp_path):
     for bucket in w.iter_full_params(1 << 20):
         assert len(bucket) == 1 or sum(t.numel() * t.element_size() for _, t in bucket) <= 1 << 20
         assert all(t.is_cuda and t.dtype == torch.float32 for _, t in bucket)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("share", [True, False], ids=["shared_prompt", "prompt_per_sample"])
+def test_a_grpo_step_raises_the_rewarded_samples_and_lowers_the_others(tiny_model_dir, share):
+    """The direction of learning, on groups whose samples share their prompt (GRPO's shape) with
+    on-policy behaviour logprobs: after one step at a small learning rate, every rewarded response is
+    more likely and every unrewarded one less likely than before (a sign error, a misplaced target
+    or advantage, or a tree layout that mixes branches would break one of the two)."""
+    from asyncrl.learner.worker import LearnerWorker
+
+    w = LearnerWorker(make_cfg(tiny_model_dir, lr=1e-4, share_prompts=share, minibatches=1, epochs=1))
+    raw = make_batch(seed=3, groups=2, per_group=4, response=(6, 12), shared_prompt=True)
+    specs = _specs(raw)
+    lp = w._score(w.model, specs, list(range(len(specs))))
+    groups, i = [], 0
+    for g in raw.groups:
+        trajs = []
+        for k, t in enumerate(g.trajectories):
+            trajs.append(make_trajectory(
+                uid=t.uid, group_id=t.group_id, prompt_ids=t.prompt_ids.numpy().tolist(),
+                response_ids=t.response_ids.numpy().tolist(), loss_mask=t.loss_mask.numpy().tolist(),
+                behavior_logprobs=lp[i].tolist(), versions=t.versions.numpy().tolist(), reward=float(k % 2)))
+            i += 1
+        groups.append(Group(group_id=g.group_id, trajectories=trajs, expected=len(trajs)))
+    batch = Batch(batch_id=1, groups=groups)
+    masks = [torch.from_numpy(t.loss_mask.numpy().astype(bool)) for t in batch.trajectories()]
+    w.train_step(batch)
+    after = w._score(w.model, specs, list(range(len(specs))))
+    moved = [float((after[j] - lp[j])[masks[j]].sum()) for j in range(len(specs))]
+    rewards = [t.reward for t in batch.trajectories()]
+    assert all(d > 0 for d, r in zip(moved, rewards) if r == 1), moved
+    assert all(d < 0 for d, r in zip(moved, rewards) if r == 0), moved
