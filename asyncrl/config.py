@@ -104,6 +104,7 @@ class EngineConfig:
     urls: list[str] = field(default_factory=list)  # attach to running servers instead of launching
     host: str = "127.0.0.1"
     device: Optional[str] = None  # None: cuda if available else cpu
+    # auto: bf16 on a GPU and on a CPU with native bf16 (avx512_bf16 / amx_bf16), fp32 on other CPUs
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_running_seqs: int = 16
     max_running_tokens: int = 16384
