@@ -41,6 +41,12 @@ def parse_dtype(name: str, where: str = "dtype") -> torch.dtype:
     return _DTYPES[key]
 
 
+def is_float_dtype(name: str) -> bool:
+    """Whether `name` is a known floating-point dtype (a tensor in it may load into any floating parameter)."""
+    key = str(name).removeprefix("torch.")
+    return key in _DTYPES and _DTYPES[key].is_floating_point
+
+
 @dataclass(frozen=True)
 class TensorMeta:
     name: str

@@ -9,7 +9,8 @@ are refused outside a session (begin_weight_update ... end_weight_update), befor
 the server's event loop keeps serving /generate and the rest meanwhile.
 
 Checks happen before any byte moves: names must be the served model's state_dict keys, shapes
-equal to the live tensor's, dtypes equal or both floating point (converted on apply, as SGLang does). On a mismatch the receiver still takes part in the bucket's
+equal to the live tensor's, dtypes equal or both floating point (converted on apply, as SGLang
+does). On a mismatch the receiver still takes part in the bucket's
 broadcast (into scratch buffers, thrown away) so that rank 0's collective completes and the group
 stays usable; nothing is applied and the answer is HTTP 400 "Failed to update parameter online: ..."
 naming the tensor (SGLang receives first and fails in load_weights: the same answer, the same order).
@@ -32,7 +33,9 @@ import torch.distributed as dist
 
 from asyncrl.weight_sync.bucketing import (
     TensorMeta,
+    dtype_name,
     flat_groups,
+    is_float_dtype,
     metas_from_request,
     metas_of,
     parse_dtype,
@@ -45,7 +48,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_GROUP_TIMEOUT_S = 300.0
 CAPABILITIES = {"asyncrl": True, "coalesce": True}  # GET /weight_sync_info: the extensions offered (+ "dtype")
-_FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16", "float64"})
 
 
 def check_metas(targets: dict[str, torch.Tensor], metas: Sequence[TensorMeta]) -> str | None:
@@ -60,9 +62,8 @@ def check_metas(targets: dict[str, torch.Tensor], metas: Sequence[TensorMeta]) -
             return f"weight {m.name!r} is not a tensor of the served model (its names look like: {sample}, ...)"
         if tuple(dst.shape) != m.shape:
             return f"weight {m.name!r}: sender shape {list(m.shape)} != engine shape {list(dst.shape)}"
-        if str(dst.dtype).removeprefix("torch.") != m.dtype and not (
-                dst.is_floating_point() and m.dtype in _FLOAT_DTYPES):
-            return f"weight {m.name!r}: sender dtype {m.dtype} != engine dtype {str(dst.dtype).removeprefix('torch.')}"
+        if dtype_name(dst.dtype) != m.dtype and not (dst.is_floating_point() and is_float_dtype(m.dtype)):
+            return f"weight {m.name!r}: sender dtype {m.dtype} != engine dtype {dtype_name(dst.dtype)}"
     return None
 
 
@@ -278,7 +279,7 @@ class WeightReceiver:
             return refused(OUTSIDE.format("update_weights_from_tensor"))
         try:
             named = load_named_tensors(payloads[0])
-            metas = [TensorMeta(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in named]
+            metas = metas_of(named)
         except Exception as e:  # noqa: BLE001
             return refused(f"Failed to update parameter online: cannot read the payload: {e}")
         problem = check_metas(self.core.model.state_dict(), metas)

@@ -35,6 +35,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from asyncrl.weight_sync.bucketing import dtype_name
 from asyncrl.weight_sync.receiver import CAPABILITIES, Answer, WeightReceiver, invalid
 
 
@@ -75,7 +76,7 @@ def make_router(core: Any, weights_roots: Sequence[str | os.PathLike] = ()) -> A
     async def info() -> dict:
         return {**CAPABILITIES, "weight_version": str(core.weight_version), "groups": sorted(receiver.groups),
                 "session_open": receiver.session_open,
-                "dtype": str(next(core.model.parameters()).dtype).removeprefix("torch.")}
+                "dtype": dtype_name(next(core.model.parameters()).dtype)}
 
     router.receiver = receiver  # type: ignore[attr-defined] - for tests and introspection
     return router
