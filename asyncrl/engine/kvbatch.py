@@ -103,9 +103,7 @@ class KVSlots:
         for layer, k, v in zip(self.layers, keys, values):
             layer.kbuf[r, :, end - p : end] = k[0]
             layer.vbuf[r, :, end - p : end] = v[0]
-        self.mask[r] = False
-        self.mask[r, end - p : end] = True
-        self.real[r] = p
+        self._place_row(r, p, end)
         self.rows += 1
         return r
 
@@ -173,13 +171,9 @@ class KVSlots:
             if self.length + 1 > self.capacity:
                 self._rebuild()
         col = self.length
-        end = col + 1 if n else max(need, 0)
         self.mask[:n, col] = True
         for j, p in enumerate(new_lengths):
-            r = n + j
-            self.mask[r] = False
-            self.mask[r, end - p : end] = True
-            self.real[r] = p
+            self._place_row(n + j, p, col + 1)
         for layer in self.layers:
             layer.view(n, col)
         return col, (self.mask[:n, : col + 1].view(n, 1, 1, col + 1) if n else None)
@@ -187,10 +181,9 @@ class KVSlots:
     @torch.inference_mode()
     def end_step(self, new_rows: int) -> None:
         """The step of `begin_step` ran: the decode rows gained a column, the new rows are running."""
-        n = self.rows
-        self.real[:n] += 1
-        self.length = self.length + 1 if n else max(self.length + 1, int(self.real[n : n + new_rows].max()) if new_rows else 0)
-        self.rows = n + new_rows
+        self.real[: self.rows] += 1
+        self.length += 1  # with no decode rows, begin_step put the step's end (the longest new prompt) here
+        self.rows += new_rows
 
     # ---- internals -------------------------------------------------------------------------
     def _allocate(self, like: torch.Tensor, n_layers: int, capacity: int) -> None:
@@ -199,6 +192,12 @@ class KVSlots:
                        for _ in range(n_layers)]
         self.mask = torch.zeros((self.slots, capacity), dtype=torch.bool, device=like.device)
         self.real = torch.zeros((self.slots,), dtype=torch.long, device=like.device)
+
+    def _place_row(self, r: int, p: int, end: int) -> None:
+        """Row r holds `p` real tokens in the columns just before `end`."""
+        self.mask[r] = False
+        self.mask[r, end - p : end] = True
+        self.real[r] = p
 
     def _dead_columns(self) -> int:
         """Columns on the left that no running row uses."""

@@ -322,7 +322,7 @@ class EngineCore:
         ids = [r.output_ids[-1] for r in self.running]
         segments, new_lengths, takers = [], [], []
         for g in groups:
-            p, start = len(g[0].input_ids), n + sum(s.end - s.start for s in segments)
+            p, start = len(g[0].input_ids), len(ids)  # the flat row so far: decode tokens, earlier prompts
             rows = []
             for r in g:
                 if r.max_new_tokens > 1:
