@@ -63,12 +63,13 @@ async def extensions_of(http: EngineHTTP, url: str) -> dict:
 
 
 def _served_dtype(exts: list[dict]) -> torch.dtype | None:
-    """The one dtype every engine says it serves (GET /weight_sync_info "dtype"), else None."""
-    served = {x.get("dtype") for x in exts}
+    """The one dtype every engine says it serves (GET /weight_sync_info "dtype"), else None (also when an
+    engine names none, or answers something that is not a dtype's name)."""
+    served = {x.get("dtype") if isinstance(x.get("dtype"), str) else None for x in exts}
     if len(served) != 1 or None in served:
         return None
     try:
-        return parse_dtype(str(served.pop()))
+        return parse_dtype(served.pop())
     except ValueError:
         return None
 

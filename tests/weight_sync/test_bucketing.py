@@ -93,3 +93,17 @@ def test_unknown_transport_is_rejected_by_name():
 def test_bucket_budget_is_checked_when_asked_not_at_the_first_bucket():
     with pytest.raises(ValueError, match="bucket_bytes must be > 0, got 0"):
         iter_buckets(iter([]), 0)
+
+
+def test_the_served_dtype_is_used_only_when_every_engine_names_the_same_known_one():
+    from asyncrl.weight_sync.bucketing import is_float_dtype
+    from asyncrl.weight_sync.distributed import _served_dtype
+
+    assert _served_dtype([{"dtype": "bfloat16"}, {"dtype": "bfloat16"}]) == torch.bfloat16
+    for hostile in ([{"dtype": "bfloat16"}, {"dtype": "float32"}],  # engines disagree
+                    [{"dtype": "bfloat16"}, {}],                      # one does not say
+                    [{"dtype": "float8_e9"}],                         # unknown name
+                    [{"dtype": ["bfloat16"]}], [{"dtype": None}], []):
+        assert _served_dtype(hostile) is None, hostile
+    assert is_float_dtype("bfloat16") and is_float_dtype("torch.float16")
+    assert not is_float_dtype("int64") and not is_float_dtype("bool") and not is_float_dtype("float8_e9")
