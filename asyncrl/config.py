@@ -502,6 +502,24 @@ class RewardModelConfig:
 
 
 @dataclass
+class WarmStartConfig:
+    """A supervised warm start inside `asyncrl train` (asyncrl/sft/warm_start.py): demonstrations of the first
+    `demos` training rows, SFT on them with the RL learner, then RL from that model."""
+
+    # off: RL starts from the model as configured; on: always (the preflight refuses an env or agent that cannot
+    # demonstrate); auto: when they can and model.path is unset (a preset's base model), else off (said once)
+    mode: Literal["off", "auto", "on"] = "off"
+    demos: int = 384  # demonstrations (of the first this many training rows)
+    epochs: int = 1
+    batch: int = 8  # demonstrations per SFT optimizer step
+    lr: float = 1.0e-5  # SFT's learning rate (RL's is algorithm.lr)
+
+    def __post_init__(self) -> None:
+        _at_least(self, "warm_start", 1, "demos", "epochs", "batch")
+        _check(math.isfinite(self.lr) and self.lr > 0, "warm_start.lr", f"must be a positive number, got {self.lr}")
+
+
+@dataclass
 class RayConfig:
     address: Optional[str] = None  # None: start a local instance; "auto": join a cluster
     num_cpus: Optional[int] = None
@@ -521,6 +539,7 @@ class Config:
     buffer: BufferConfig = field(default_factory=BufferConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     plugins: list[str] = field(default_factory=list)  # module paths or .py files to import
     seed: int = 0
 

@@ -102,22 +102,26 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
     token = ensure_token()
     joins = cfg.ray.address or os.environ.get("RAY_ADDRESS")
     runtime_env = {"env_vars": {ENGINE_TOKEN_ENV: token}} if joins else None
-    (out / "config.json").write_text(json.dumps(shown_config(cfg), indent=2))
     registry.load_all(cfg.plugins)
     from asyncrl.env_api import resolve_env
 
     env = resolve_env(cfg.env.name)
     rows = load_rows(cfg, env, "train") if rows is None else rows
+    stop_signal = stop_on_signals()
+    warm, ended = _warm_start(cfg, env, rows, out, start, stop_signal)
+    if ended is not None:
+        return ended
+    (out / "config.json").write_text(json.dumps(shown_config(cfg), indent=2))  # model.path: what RL starts from
     log.info("run %s in %s; %d training prompts; mode %s, max_staleness %d", start.run_id, out, len(rows),
              cfg.trainer.mode, cfg.algorithm.max_staleness)
     ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, include_dashboard=False,
              ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING, runtime_env=runtime_env)
-    stop_signal = stop_on_signals()
     metrics = MetricsLogger(out, wandb_mode=cfg.trainer.wandb, project=cfg.trainer.wandb_project,
                             config=shown_config(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps,
                             secret_env=secret_env, run_name=start.run_id)
     fleet = Fleet(cfg, out, rows, start.run_id)
-    ending = {"exit_code": EXIT_ERROR, "exit_reason": "crashed", "diagnosis": ""}
+    ending = {"exit_code": EXIT_ERROR, "exit_reason": "crashed", "diagnosis": "",
+              **({"warm_start": warm.summary} if warm is not None else {})}
     try:
         with env.services(cfg.env) as tool_overrides:
             fleet.start(tool_overrides, resume_from=start.resume_from, highest_published=start.record.highest_version,
@@ -154,6 +158,33 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
         ray.shutdown()
         _report(out, summary)
     return summary["exit_code"]
+
+
+def _warm_start(cfg: Config, env: Any, rows: Any, out: Path, start: RunStart,
+                stop_signal: dict) -> tuple[Any, int | None]:
+    """The warm start before RL (asyncrl/sft/warm_start.py); on success `cfg.model.path` is its model.
+    Returns (the WarmStart or None, None), or (None, the exit status) for a run that ends here: the
+    warm start failed (1), was interrupted (128 + signum) or crashed (1, re-raised), with a summary."""
+    from asyncrl.sft.warm_start import WarmStartError, run_warm_start
+
+    try:
+        warm = run_warm_start(cfg, env, rows, out, resuming_rl=start.resume_from is not None)
+    except WarmStartError as e:
+        ending = {"exit_code": EXIT_ERROR, "exit_reason": "the warm start failed", "diagnosis": str(e)}
+    except KeyboardInterrupt:
+        signum = stop_signal.get("signum", signal.SIGINT)
+        ending = {"exit_code": 128 + signum, "exit_reason": f"interrupted ({signal.Signals(signum).name}) during "
+                  f"the warm start (trainer.resume=auto on {out} resumes its SFT)", "diagnosis": ""}
+    except BaseException as e:
+        _report(out, settle({"exit_code": EXIT_ERROR, "exit_reason": f"crashed in the warm start: {e!r}"[:500],
+                             "diagnosis": ""}, {}))
+        raise
+    else:
+        if warm is not None:
+            cfg.model.path = str(warm.model)
+        return warm, None
+    _report(out, settle(ending, {}))
+    return None, ending["exit_code"]
 
 
 def waiting_line(step: int, total: int, batch_groups: int, buffer: dict[str, Any], states: list[Any]) -> str:

@@ -103,13 +103,14 @@ class StatusLine:
 class MetricsLogger:
     def __init__(self, output_dir: str | Path, *, wandb_mode: str = "offline", project: str = "asyncrl",
                  config: dict | None = None, progress: bool = True, total_steps: int | None = None,
-                 secret_env: dict[str, str] | None = None, run_name: str | None = None):
-        """`secret_env`: what `asyncrl.secrets.withhold_env` withheld (WANDB_API_KEY); put back in the
+                 secret_env: dict[str, str] | None = None, run_name: str | None = None, label: str = ""):
+        """`label`: put before every step line (a phase of a longer command, e.g. "warm start: "). `secret_env`: what `asyncrl.secrets.withhold_env` withheld (WANDB_API_KEY); put back in the
         environment only while an online wandb starts its service, never for offline."""
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1)
         self.total_steps = total_steps
+        self.label = label
         self.line = StatusLine(enabled=progress)
         self.t0 = self.line.t0
         self._first_step: tuple[int, float, float] | None = None  # the first step logged, when, its duration
@@ -145,7 +146,7 @@ class MetricsLogger:
                     pass
         if self.total_steps and "step" in rec:
             parts[0] = f"step {rec['step']}/{self.total_steps}"
-        line = " | ".join(parts) + f" | {format_duration(rec['time'])}"
+        line = self.label + " | ".join(parts) + f" | {format_duration(rec['time'])}"
         step = rec.get("step")
         if isinstance(step, int) and ("train/reward_mean" in rec or "sft/train_loss" in rec):  # a training step
             now = time.time()

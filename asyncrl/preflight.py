@@ -29,7 +29,9 @@ Checks:
             with a warning (counted in the report; the run trains on the rest; a row outside the sample
             that does not fit fails its episodes with PromptTooLongError). Evaluation rows that do not
             fit are always an error: dropping them would change what the evaluation measures from one
-            run to the next.
+            run to the next;
+  warm start warm_start.mode=on with an env or agent that cannot demonstrate (asyncrl/sft/warm_start.py
+            `why_not`) is an error; auto there, or with a model.path of the user's own, a warning.
 Numeric ranges are the config schema's (`asyncrl/config.py`, checked at load).
 """
 
@@ -86,6 +88,7 @@ class PreflightReport:
     max_prompt_tokens: int
     dropped_rows: list[tuple[int, int]] = field(default_factory=list)  # (row index, prompt tokens)
     warnings: list[str] = field(default_factory=list)
+    warm_start: str = "none"  # what runs before RL (asyncrl/sft/warm_start.py)
 
     def summary(self) -> str:
         dropped = f", {len(self.dropped_rows)} dropped (prompt too long)" if self.dropped_rows else ""
@@ -97,6 +100,7 @@ class PreflightReport:
             f"agent: {', '.join(self.agents)}",
             f"tools: {', '.join(self.tools) or '(none)'}",
             f"longest prompt: {self.longest_prompt} tokens (limit agent.max_prompt_tokens={self.max_prompt_tokens})",
+            f"warm start: {self.warm_start}",
         ])
 
 
@@ -287,6 +291,24 @@ def check_training_sample(ds: Dataset) -> tuple[list[int], list[dict[str, Any]],
 # ----------------------------------------------------------------------------- all of them
 
 
+def check_warm_start(cfg: Config, env: Env, problems: list[str], warnings: list[str]) -> str:
+    """warm_start.mode=on needs an env and agent that can demonstrate (a problem otherwise); auto runs no warm
+    start without them or with a model.path of the user's own (a warning saying which). Returns what will run
+    before RL, for the report."""
+    from asyncrl.sft.warm_start import skipped_because
+
+    ws = cfg.warm_start
+    reason = skipped_because(cfg, env) if ws.mode != "off" else None
+    if ws.mode == "on" and reason:
+        problems.append(f"warm_start.mode=on: {reason}; set warm_start.mode=off to start RL from model.path")
+    elif reason:
+        warnings.append(f"no warm start (warm_start.mode=auto): {reason}; RL starts from the configured model")
+    if ws.mode == "off" or reason:
+        return "none"
+    return (f"SFT on demonstrations of the first {ws.demos} training rows ({ws.epochs} epoch(s), lr {ws.lr:g}, "
+            f"{ws.batch} a step), then RL from it")
+
+
 def preflight(cfg: Config) -> PreflightReport:
     """Run every check; the report of what the run will use, or PreflightError listing every problem."""
     problems = _Problems(check_plugins(cfg.plugins))
@@ -339,10 +361,11 @@ def preflight(cfg: Config) -> PreflightReport:
     long_val = too_long(val_lengths, limit, "evaluation")
     if long_val:
         problems.append(f"{long_val} (raise agent.max_prompt_tokens; evaluation rows are never dropped)")
+    warm = check_warm_start(cfg, env, problems, warnings)
     if problems:
         raise PreflightError(problems)
     agents = [cfg.agent.name] + sorted({str(r["agent_name"]) for r in train if r.get("agent_name")} - {cfg.agent.name})
     return PreflightReport(model=model, train_rows=dataset, checked_rows=len(dataset.sample_indices(SAMPLE_ROWS)),
                            num_val_rows=len(val or []), agents=agents,
                            tools=[tool_name(s) for s in specs], longest_prompt=max(lengths, default=0),
-                           max_prompt_tokens=limit, dropped_rows=dropped, warnings=warnings)
+                           max_prompt_tokens=limit, dropped_rows=dropped, warnings=warnings, warm_start=warm)

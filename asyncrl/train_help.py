@@ -26,7 +26,7 @@ COMMON_KEYS = (
     "algorithm.adv_estimator", "algorithm.loss", "algorithm.lr", "algorithm.n_samples", "algorithm.max_staleness",
     "algorithm.kl_coef", "trainer.mode", "trainer.total_steps", "trainer.batch_groups", "trainer.rollout_workers",
     "trainer.learner_ranks", "trainer.run_name", "trainer.output_dir", "trainer.resume", "trainer.checkpoint_every",
-    "trainer.eval_every", "trainer.wandb",
+    "trainer.eval_every", "trainer.wandb", "warm_start.mode", "warm_start.demos",
 )
 
 

@@ -20,7 +20,7 @@ def demos_command(env: Any, args: argparse.Namespace) -> int:
     from asyncrl.agent_loop.base import AgentContext
     from asyncrl.config import ConfigError, load_config
     from asyncrl.models import load_tokenizer
-    from asyncrl.sft.demos import make_demos
+    from asyncrl.sft.demos import make_demos, write_demos
 
     if args.limit is not None and args.limit < 1:
         print(f"asyncrl data: --limit must be >= 1, got {args.limit}", file=sys.stderr)
@@ -40,12 +40,7 @@ def demos_command(env: Any, args: argparse.Namespace) -> int:
         ctx = AgentContext.for_config(cfg, engine=None, tokenizer=tokenizer, tool_overrides=tool_overrides)
         report = asyncio.run(make_demos(ctx, env, list(enumerate(rows)), cfg.agent.name))
     out = Path(args.out) / f"demos-{args.split}.jsonl"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    with open(tmp, "w") as f:
-        for r in report.rows:
-            f.write(json.dumps(r) + "\n")
-    tmp.replace(out)
+    write_demos(report.rows, out)
     print(json.dumps({"path": str(out), "demos": len(report.rows), "rejected": len(report.rejected),
                       "rows": len(rows), "split": args.split}))
     for i, why in report.rejected[:20]:

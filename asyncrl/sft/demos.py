@@ -163,3 +163,16 @@ async def make_demos(ctx: Any, env: Any, rows: list[tuple[int, dict[str, Any]]],
     report.rows.sort(key=lambda r: r["data_index"])
     report.rejected.sort()
     return report
+
+
+def write_demos(rows: list[dict[str, Any]], path: Any) -> None:
+    """The demonstration rows as JSONL at `path`, atomically (a reader never sees half a file)."""
+    from pathlib import Path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    tmp.replace(path)

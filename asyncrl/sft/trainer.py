@@ -23,14 +23,48 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
 RAW_ARGS = True  # Hydra overrides mix with the flags: parsed here
-SFT_OVERRIDES = ["algorithm.loss=sft", "algorithm.decoupled=false", "algorithm.max_staleness=0",
-                 "algorithm.kl_coef=0", "algorithm.epochs=1", "algorithm.minibatches=1",
-                 "algorithm.adv_estimator=grpo", "algorithm.turn_credit=false", "agent.sampling.temperature=1.0"]
+
+
+class SftError(ValueError):
+    """An SFT job that cannot run as asked (its --out holds a checkpoint of a different job)."""
+
+
+@dataclass(frozen=True)
+class SftPlan:
+    """What an SFT job does besides its config: where it writes, its epochs, batch, learning rate and seed."""
+
+    out: Path
+    epochs: int
+    batch: int
+    lr: float
+    seed: int = 0
+    val_every: int = 0  # steps between validation losses (0: only at the end)
+    checkpoint_every: int = 0  # steps between checkpoints (0: only at the end)
+
+
+@dataclass(frozen=True)
+class SftResult:
+    steps: int
+    final: Path  # the exported HF dir
+    train_loss: float  # the last step's
+    val_loss: Optional[float]
+    resumed_at: int  # the step a checkpoint resumed the job at (0: from the start)
+
+
+def sft_config(cfg: Any, plan: SftPlan, n_steps: int) -> Any:
+    """`cfg` with what SFT fixes: loss=sft (mean NLL per assistant token), no off-policy machinery (decoupled
+    off, staleness 0, no KL), one epoch and one minibatch per step (the batch is the optimizer step), logits
+    at temperature 1, the plan's lr, steps, output dir and seed."""
+    algo = replace(cfg.algorithm, loss="sft", decoupled=False, max_staleness=0, kl_coef=0.0, epochs=1,
+                   minibatches=1, adv_estimator="grpo", turn_credit=False, lr=plan.lr)
+    agent = replace(cfg.agent, sampling=replace(cfg.agent.sampling, temperature=1.0))
+    trainer = replace(cfg.trainer, total_steps=n_steps, output_dir=str(plan.out))
+    return replace(cfg, algorithm=algo, agent=agent, trainer=trainer, seed=plan.seed)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,9 +131,9 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--lr must be a positive number, got {a.lr}")
         rows = read_rows(data[0])
         val_rows = read_rows(a.val) if a.val else []
-        n_steps = len(schedule(len(rows), a.epochs, a.batch, a.seed))
-        cfg = load_config([*overrides, *SFT_OVERRIDES, f"algorithm.lr={a.lr}", f"trainer.total_steps={n_steps}",
-                           f"trainer.output_dir={a.out}", f"seed={a.seed}"])
+        plan = SftPlan(out=Path(a.out), epochs=a.epochs, batch=a.batch, lr=a.lr, seed=a.seed,
+                       val_every=a.val_every, checkpoint_every=a.checkpoint_every)
+        cfg = sft_config(load_config(overrides), plan, len(schedule(len(rows), a.epochs, a.batch, a.seed)))
         tok = load_tokenizer(cfg.model)
         trajs = [render_conversation(tok, cfg.agent, r, uid=f"sft-{i}") for i, r in enumerate(rows)]
         val = [render_conversation(tok, cfg.agent, r, uid=f"val-{i}") for i, r in enumerate(val_rows)]
@@ -110,9 +144,14 @@ def main(args: argparse.Namespace) -> int:
 
     with stopping_on_signals() as got:
         try:
-            return train(cfg, trajs, val, a)
+            result = train(cfg, trajs, val, plan)
+        except SftError as e:
+            print(f"asyncrl sft: {e}", file=sys.stderr)
+            return 2
         except KeyboardInterrupt:
             return interrupted("asyncrl sft", got, f"the same command resumes from the last checkpoint in {a.out}")
+    print(f"sft: {result.steps} steps; model in {result.final} (asyncrl train model.path={result.final})")
+    return 0
 
 
 def val_loss(worker: Any, trajs: list[Any]) -> float:
@@ -125,50 +164,56 @@ def val_loss(worker: Any, trajs: list[Any]) -> float:
     return nll / max(sum(int(m.sum()) for m in masks), 1)
 
 
-def train(cfg: Any, trajs: list[Any], val: list[Any], a: argparse.Namespace) -> int:
+def train(cfg: Any, trajs: list[Any], val: list[Any], plan: SftPlan, label: str = "") -> SftResult:
+    """Train `cfg` (made by `sft_config`) on the rendered conversations `trajs` as `plan` says; resumes from the
+    newest checkpoint in plan.out; exports plan.out/final; metrics in plan.out/metrics.jsonl. `label`: put before
+    each progress line (asyncrl train's warm start)."""
     from asyncrl.learner.checkpoint import checkpoints_root, latest_checkpoint, step_dir
     from asyncrl.learner.worker import LearnerWorker
     from asyncrl.metrics import MetricsLogger
 
-    out = Path(a.out)
+    out = Path(plan.out)
     out.mkdir(parents=True, exist_ok=True)
-    steps = schedule(len(trajs), a.epochs, a.batch, a.seed)
-    metrics = MetricsLogger(out, wandb_mode="off", progress=cfg.trainer.progress, total_steps=len(steps))
-    metrics.status(f"sft: loading {cfg.model.path or cfg.model.name}")
-    worker = LearnerWorker(cfg, rank=0, world_size=1)
-    start = 0
+    steps = schedule(len(trajs), plan.epochs, plan.batch, plan.seed)
     latest: Optional[Path] = latest_checkpoint(checkpoints_root(out))
-    if latest is not None:
-        extra = worker.load_checkpoint(str(latest))
-        if extra.get("sft_steps") != len(steps) or extra.get("rows") != len(trajs):
-            print(f"asyncrl sft: {latest} belongs to a different job ({extra.get('rows')} rows, "
-                  f"{extra.get('sft_steps')} steps; this one: {len(trajs)} rows, {len(steps)} steps); "
-                  "use another --out", file=sys.stderr)
-            return 2
-        start = int(extra["step"])
-        metrics.status(f"sft: resumed from {latest} at step {start}/{len(steps)}")
-    per_epoch = math.ceil(len(trajs) / a.batch)
+    metrics = MetricsLogger(out, wandb_mode="off", progress=cfg.trainer.progress, total_steps=len(steps),
+                            label=label)
+    try:
+        metrics.status(f"{label or 'sft: '}loading {cfg.model.path or cfg.model.name}")
+        worker = LearnerWorker(cfg, rank=0, world_size=1)
+        start = 0
+        if latest is not None:
+            extra = worker.load_checkpoint(str(latest))
+            if extra.get("sft_steps") != len(steps) or extra.get("rows") != len(trajs):
+                raise SftError(f"{latest} belongs to a different job ({extra.get('rows')} rows, "
+                               f"{extra.get('sft_steps')} steps; this one: {len(trajs)} rows, {len(steps)} steps); "
+                               "use another --out")
+            start = int(extra["step"])
+            metrics.status(f"{label or 'sft: '}resumed from {latest} at step {start}/{len(steps)}")
+        per_epoch = math.ceil(len(trajs) / plan.batch)
 
-    def save(step: int) -> None:
-        worker.save_checkpoint(str(step_dir(checkpoints_root(out), step)),
-                               {"step": step, "sft_steps": len(steps), "rows": len(trajs)})
+        def save(step: int) -> None:
+            worker.save_checkpoint(str(step_dir(checkpoints_root(out), step)),
+                                   {"step": step, "sft_steps": len(steps), "rows": len(trajs)})
 
-    for k in range(start, len(steps)):
-        idx = steps[k]
-        ts = time.perf_counter()
-        m = worker.train_step(SftBatch(f"sft-step-{k + 1}", [trajs[i] for i in idx]))
-        rec = {"sft/train_loss": m["learner/pg_loss"], "sft/lr": m["learner/lr"], "sft/epoch": k // per_epoch + 1,
-               "sft/tokens": m["learner/tokens"], "sft/tokens_per_s": m["learner/tokens"] / (time.perf_counter() - ts),
-               "learner/grad_norm": m["learner/grad_norm"]}
-        step = k + 1
-        if val and ((a.val_every and step % a.val_every == 0) or step == len(steps)):
-            rec["sft/val_loss"] = val_loss(worker, val)
-        metrics.log(step, rec)
-        if a.checkpoint_every and step % a.checkpoint_every == 0 and step < len(steps):
-            save(step)
-    if start < len(steps) or latest is None:
-        save(len(steps))
-    worker.export_hf(str(out / "final"))
-    metrics.close()
-    print(f"sft: {len(steps)} steps; model in {out / 'final'} (asyncrl train model.path={out / 'final'})")
-    return 0
+        loss, vloss = float("nan"), None
+        for k in range(start, len(steps)):
+            ts = time.perf_counter()
+            m = worker.train_step(SftBatch(f"sft-step-{k + 1}", [trajs[i] for i in steps[k]]))
+            loss = m["learner/pg_loss"]
+            rec = {"sft/train_loss": loss, "sft/lr": m["learner/lr"], "sft/epoch": k // per_epoch + 1,
+                   "sft/tokens": m["learner/tokens"],
+                   "sft/tokens_per_s": m["learner/tokens"] / (time.perf_counter() - ts),
+                   "learner/grad_norm": m["learner/grad_norm"]}
+            step = k + 1
+            if val and ((plan.val_every and step % plan.val_every == 0) or step == len(steps)):
+                vloss = rec["sft/val_loss"] = val_loss(worker, val)
+            metrics.log(step, rec)
+            if plan.checkpoint_every and step % plan.checkpoint_every == 0 and step < len(steps):
+                save(step)
+        if start < len(steps) or latest is None:
+            save(len(steps))
+        worker.export_hf(str(out / "final"))
+    finally:
+        metrics.close()
+    return SftResult(steps=len(steps), final=out / "final", train_loss=loss, val_loss=vloss, resumed_at=start)

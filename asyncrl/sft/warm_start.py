@@ -1,0 +1,190 @@
+"""The warm start of `asyncrl train` (`warm_start.mode`): demonstrations, SFT on them, then RL from that model.
+
+What the three-command recipe does by hand (`asyncrl data <env> --demos`, `asyncrl sft`, `asyncrl train
+model.path=...`), done by the run itself before any Ray actor starts:
+1. demonstrations of the first `warm_start.demos` training rows (the rows RL draws from, as loaded), each
+   played through the agent loop with the env's real tools and reward and kept only at full reward
+   (asyncrl/sft/demos.py); rows without one are counted; a warm start that keeps none fails the run;
+2. SFT on them with the RL learner (asyncrl/sft/trainer.py) for `warm_start.epochs` at `warm_start.lr`,
+   `warm_start.batch` demonstrations a step;
+3. RL starts from its export: `cfg.model.path` becomes RUN_DIR/warm_start/final, for the learner (and its
+   reference model), the engines, the rollout workers' tokenizer and the run's config.json.
+
+When: `on` always (the preflight refuses an env or agent that cannot demonstrate: `why_not`); `auto` when
+the env and agent can and model.path is unset (the preset's base model; a model of the user's own, such as
+an `asyncrl sft` export, is trained as it is), else RL starts from the configured model and the preflight
+says why in one warning (`skipped_because`); `off` never.
+
+On disk, RUN_DIR/warm_start/: `plan.json` (what made it: the base model, env, agent, warm_start settings
+and seed), `demos-train.jsonl`, `metrics.jsonl` (SFT's steps), `checkpoints/`, `final/`, and `done.json`
+(written last: the summary of a finished warm start). A start that finds `done.json` under the same plan
+reuses the model (a resumed run); the same plan without it resumes SFT from its newest checkpoint; another
+plan's directory is moved aside to `warm_start-discarded-<time>/` and the warm start runs again. A resumed
+RL run whose directory has no finished warm start keeps its checkpoint's policy and runs none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from asyncrl.config import Config, to_dict
+from asyncrl.env_api import Env
+from asyncrl.run_dir import timestamp_name
+from asyncrl.sft.demos import HERMES_PARSERS
+
+log = logging.getLogger("asyncrl")
+
+DIR = "warm_start"
+DEMO_AGENTS = ("tool_agent",)  # agent loops demonstrations are played through (hermes-format tool calls)
+
+
+class WarmStartError(RuntimeError):
+    """The warm start cannot give RL a model (no demonstration kept, or an SFT job it cannot resume)."""
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """A finished warm start: the model RL starts from and what made it (done.json)."""
+
+    model: Path
+    summary: dict[str, Any]
+
+
+def why_not(cfg: Config, env: Env) -> Optional[str]:
+    """Why this run cannot warm start (None: it can): the env must solve its rows (`Env.demo_turns`), and
+    the agent must replay hermes-format demonstrations."""
+    if type(env).demo_turns is Env.demo_turns:
+        return f"env {env.name!r} has no demonstrations (it does not implement demo_turns)"
+    if cfg.agent.name not in DEMO_AGENTS:
+        return (f"agent={cfg.agent.name}: demonstrations are played through {', '.join(DEMO_AGENTS)}, whose turns "
+                f"are what SFT teaches")
+    if cfg.agent.tool_parser not in HERMES_PARSERS:
+        return (f"agent.tool_parser={cfg.agent.tool_parser!r}: demonstrations are written in the hermes tool-call "
+                f"format ({', '.join(HERMES_PARSERS)})")
+    return None
+
+
+def skipped_because(cfg: Config, env: Env) -> Optional[str]:
+    """Why `warm_start.mode` (auto or on) runs no warm start here, or None when it runs: `why_not`, and for
+    auto also a model of the user's own (model.path set: an SFT export, a checkpoint), which RL takes as is."""
+    reason = why_not(cfg, env)
+    if reason is None and cfg.warm_start.mode == "auto" and cfg.model.path:
+        reason = (f"model.path={cfg.model.path} is set: RL starts from that model as it is (warm_start.mode=on "
+                  f"fine-tunes it on demonstrations first)")
+    return reason
+
+
+def plan_of(cfg: Config) -> dict[str, Any]:
+    """What decides the warm start's model: reused only by a start with the same plan."""
+    agent = {k: v for k, v in to_dict(cfg.agent).items() if k != "sampling"}  # SFT fixes its temperature
+    return {"model": to_dict(cfg.model), "env": to_dict(cfg.env), "agent": agent,
+            "warm_start": to_dict(cfg.warm_start), "seed": cfg.seed}
+
+
+def run_warm_start(cfg: Config, env: Env, rows: Any, out: Path, resuming_rl: bool) -> Optional[WarmStart]:
+    """Run (or reuse) the warm start of the run in `out`; None when it does not run (mode off, or `resuming_rl`
+    from a checkpoint of a run that had none). Raises WarmStartError; KeyboardInterrupt passes through (SFT's
+    checkpoints are kept, and the next start with the same plan resumes them)."""
+    ws = cfg.warm_start
+    if ws.mode == "off" or skipped_because(cfg, env) is not None:
+        return None
+    d = out / DIR
+    plan = json.loads(json.dumps(plan_of(cfg)))  # as read back from plan.json (tuples are lists there)
+    plan_file, done_file = d / "plan.json", d / "done.json"
+    if d.exists():
+        old = _read_json(plan_file)
+        if old != plan:
+            aside = out / f"{DIR}-discarded-{timestamp_name()}"
+            log.warning("warm start: %s was made %s; moved to %s, starting again", d,
+                        "by another plan (model, env, agent, warm_start or seed differ)" if old else "without a plan",
+                        aside)
+            os.replace(d, aside)
+        elif (done := _read_json(done_file)) is not None:
+            log.info("warm start: reusing the finished warm start in %s (%s)", d, done.get("model"))
+            return WarmStart(Path(done["model"]), done)
+    if resuming_rl:
+        log.warning("warm start: resuming RL from its checkpoint; this run had no finished warm start, so none "
+                    "is run (the checkpoint holds the policy)")
+        return None
+    d.mkdir(parents=True, exist_ok=True)
+    _write_json(plan_file, plan)
+    t0 = time.monotonic()
+    demos_path, kept, rejected = make_demo_file(cfg, env, rows[: ws.demos], d)
+    result = fine_tune(cfg, demos_path, d)
+    summary = {"model": str(result.final), "demos": kept, "rejected": rejected, "sft_steps": result.steps,
+               "sft_train_loss": result.train_loss, "resumed_at_step": result.resumed_at,
+               "seconds": round(time.monotonic() - t0, 1)}
+    _write_json(done_file, summary)
+    log.info("warm start: %d demonstrations (%d rows had none), %d SFT steps, last loss %.4f, %.0f s; RL starts "
+             "from %s", kept, rejected, result.steps, result.train_loss, summary["seconds"], result.final)
+    return WarmStart(result.final, summary)
+
+
+def make_demo_file(cfg: Config, env: Env, rows: list[dict[str, Any]], d: Path) -> tuple[Path, int, int]:
+    """Solve and check `rows` (asyncrl/sft/demos.py) into d/demos-train.jsonl (atomic; reused when present:
+    seeded, so the same plan makes the same file). Returns (path, demonstrations kept, rows rejected)."""
+    from asyncrl.agent_loop.base import AgentContext
+    from asyncrl.models import load_tokenizer
+    from asyncrl.sft.demos import make_demos, write_demos
+
+    path = d / "demos-train.jsonl"
+    counts = d / "demos.json"
+    if path.exists() and (c := _read_json(counts)) is not None:
+        return path, int(c["kept"]), int(c["rejected"])
+    log.info("warm start: solving %d training rows as demonstrations", len(rows))
+    tokenizer = load_tokenizer(cfg.model)
+    with env.services(cfg.env) as tool_overrides:
+        ctx = AgentContext.for_config(cfg, engine=None, tokenizer=tokenizer, tool_overrides=tool_overrides)
+        report = asyncio.run(make_demos(ctx, env, list(enumerate(rows)), cfg.agent.name))
+    for i, why in report.rejected[:5]:
+        log.warning("warm start: training row %d has no demonstration: %s", i, why)
+    if not report.rows:
+        raise WarmStartError(f"none of the first {len(rows)} training rows of env {cfg.env.name!r} gave a "
+                             f"demonstration that earns the full reward (first reason: "
+                             f"{report.rejected[0][1] if report.rejected else 'no rows'}); set warm_start.mode=off")
+    write_demos(report.rows, path)
+    _write_json(counts, {"kept": len(report.rows), "rejected": len(report.rejected)})
+    return path, len(report.rows), len(report.rejected)
+
+
+def fine_tune(cfg: Config, demos_path: Path, d: Path) -> Any:
+    """SFT on the demonstrations with the RL learner, in this process; its memory is freed before RL."""
+    import gc
+
+    from asyncrl.models import load_tokenizer
+    from asyncrl.sft.data import read_rows, render_conversation
+    from asyncrl.sft.trainer import SftError, SftPlan, schedule, sft_config, train
+
+    ws = cfg.warm_start
+    rows = read_rows(demos_path)
+    plan = SftPlan(out=d, epochs=ws.epochs, batch=ws.batch, lr=ws.lr, seed=cfg.seed)
+    scfg = sft_config(cfg, plan, len(schedule(len(rows), ws.epochs, ws.batch, cfg.seed)))
+    tok = load_tokenizer(scfg.model)
+    trajs = [render_conversation(tok, scfg.agent, r, uid=f"warm-{i}") for i, r in enumerate(rows)]
+    try:
+        return train(scfg, trajs, [], plan, label="warm start: ")
+    except SftError as e:
+        raise WarmStartError(f"{e} (in {d})") from None
+    finally:
+        gc.collect()
+
+
+def _read_json(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=2))
+    tmp.replace(path)
