@@ -302,7 +302,8 @@ def check_warm_start(cfg: Config, env: Env, problems: list[str], warnings: list[
     if ws.mode == "on" and reason:
         problems.append(f"warm_start.mode=on: {reason}; set warm_start.mode=off to start RL from model.path")
     elif reason:
-        warnings.append(f"no warm start (warm_start.mode=auto): {reason}; RL starts from the configured model")
+        warnings.append(f"no warm start (warm_start.mode=auto): {reason}; RL starts from the configured model as "
+                        f"it is")
     if ws.mode == "off" or reason:
         return "none"
     return (f"SFT on demonstrations of the first {ws.demos} training rows ({ws.epochs} epoch(s), lr {ws.lr:g}, "

@@ -76,8 +76,8 @@ def skipped_because(cfg: Config, env: Env) -> Optional[str]:
     auto also a model of the user's own (model.path set: an SFT export, a checkpoint), which RL takes as is."""
     reason = why_not(cfg, env)
     if reason is None and cfg.warm_start.mode == "auto" and cfg.model.path:
-        reason = (f"model.path={cfg.model.path} is set: RL starts from that model as it is (warm_start.mode=on "
-                  f"fine-tunes it on demonstrations first)")
+        reason = (f"model.path={cfg.model.path} is set (a model of your own; warm_start.mode=on fine-tunes it on "
+                  f"demonstrations first)")
     return reason
 
 
@@ -107,8 +107,8 @@ def run_warm_start(cfg: Config, env: Env, rows: Any, out: Path, resuming_rl: boo
                         aside)
             os.replace(d, aside)
         elif (done := _read_json(done_file)) is not None:
-            log.info("warm start: reusing the finished warm start in %s (%s)", d, done.get("model"))
-            return WarmStart(Path(done["model"]), done)
+            log.info("warm start: reusing the finished warm start in %s", d)
+            return WarmStart(d / "final", done)  # where the run dir is now, wherever it was then
     if resuming_rl:
         log.warning("warm start: resuming RL from its checkpoint; this run had no finished warm start, so none "
                     "is run (the checkpoint holds the policy)")

@@ -82,8 +82,9 @@ def test_preflight_refuses_a_warm_start_that_cannot_run_and_says_when_auto_runs_
     assert any(w.startswith("no warm start (warm_start.mode=auto): agent=react") for w in report.warnings)
     report = preflight(_cfg(tiny_model_dir, tmp_path, **{"warm_start.mode": "auto"}))  # a model of one's own
     assert "warm start: none" in report.summary()
-    assert f"no warm start (warm_start.mode=auto): model.path={tiny_model_dir} is set: RL starts from that model " \
-           "as it is" in report.warnings[-1]
+    assert report.warnings[-1] == (f"no warm start (warm_start.mode=auto): model.path={tiny_model_dir} is set (a "
+                                   "model of your own; warm_start.mode=on fine-tunes it on demonstrations first); "
+                                   "RL starts from the configured model as it is")
     assert run_warm_start(_cfg(tiny_model_dir, tmp_path, **{"warm_start.mode": "auto"}), resolve_env("arithmetic"),
                           [], tmp_path, resuming_rl=False) is None
     report = preflight(_cfg(tiny_model_dir, tmp_path))
