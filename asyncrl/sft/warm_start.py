@@ -172,8 +172,12 @@ def fine_tune(cfg: Config, demos_path: Path, d: Path) -> Any:
         return train(scfg, trajs, [], plan, label="warm start: ")
     except SftError as e:
         raise WarmStartError(f"{e} (in {d})") from None
-    finally:
+    finally:  # the learner's tensors go with it: the engines and the RL learner need the memory (or GPU) next
         gc.collect()
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def _read_json(path: Path) -> Optional[dict[str, Any]]:
