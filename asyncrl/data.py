@@ -239,12 +239,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     check = sub.add_parser("check", help="validate a parquet/jsonl dataset against the verl row schema")
     check.add_argument("file")
     check.add_argument("--skip-bad", action="store_true", help="count bad rows instead of failing on the first")
-    from asyncrl.env_api import Env
+    from asyncrl.env_api import can_demonstrate
 
     for name, cls in _env_classes().items():
         p = sub.add_parser(name, help=(cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else None)
         cls.add_data_arguments(p)
-        if getattr(cls, "demo_turns", None) is not Env.demo_turns:
+        if can_demonstrate(cls):
             p.add_argument("--demos", action="store_true",
                            help="write solved, checked demonstrations (demos-<split>.jsonl in --out) instead of rows")
             p.add_argument("--split", choices=("train", "val"), default="train", help="--demos: the split to solve")

@@ -112,6 +112,13 @@ async def score(reward_fn: Any, **kwargs: Any) -> tuple[float, dict[str, float]]
     return float(result), {}
 
 
+def can_demonstrate(env: Any) -> bool:
+    """Whether an env (a class or an instance) implements `Env.demo_turns`: what `asyncrl data <env> --demos`
+    and the warm start need."""
+    cls = env if isinstance(env, type) else type(env)
+    return getattr(cls, "demo_turns", None) not in (None, Env.demo_turns)
+
+
 def resolve_env(name: str) -> Env:
     cls = registry.get("env", name)
     return cls() if isinstance(cls, type) else cls

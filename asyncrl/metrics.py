@@ -104,7 +104,8 @@ class MetricsLogger:
     def __init__(self, output_dir: str | Path, *, wandb_mode: str = "offline", project: str = "asyncrl",
                  config: dict | None = None, progress: bool = True, total_steps: int | None = None,
                  secret_env: dict[str, str] | None = None, run_name: str | None = None, label: str = ""):
-        """`label`: put before every step line (a phase of a longer command, e.g. "warm start: "). `secret_env`: what `asyncrl.secrets.withhold_env` withheld (WANDB_API_KEY); put back in the
+        """`label`: put before every step line (a phase of a longer command, e.g. "warm start: ").
+        `secret_env`: what `asyncrl.secrets.withhold_env` withheld (WANDB_API_KEY); put back in the
         environment only while an online wandb starts its service, never for offline."""
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)

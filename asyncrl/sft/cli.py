@@ -9,7 +9,6 @@ rows whose demonstration failed a check are named on stderr and the exit status 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -17,10 +16,8 @@ from typing import Any
 
 
 def demos_command(env: Any, args: argparse.Namespace) -> int:
-    from asyncrl.agent_loop.base import AgentContext
     from asyncrl.config import ConfigError, load_config
-    from asyncrl.models import load_tokenizer
-    from asyncrl.sft.demos import make_demos, write_demos
+    from asyncrl.sft.demos import demonstrate, write_demos
 
     if args.limit is not None and args.limit < 1:
         print(f"asyncrl data: --limit must be >= 1, got {args.limit}", file=sys.stderr)
@@ -35,10 +32,7 @@ def demos_command(env: Any, args: argparse.Namespace) -> int:
         print(f"asyncrl data: config error: {e}", file=sys.stderr)
         return 2
     rows = env.build(cfg.env, args.split)[: args.limit]
-    tokenizer = load_tokenizer(cfg.model)
-    with env.services(cfg.env) as tool_overrides:
-        ctx = AgentContext.for_config(cfg, engine=None, tokenizer=tokenizer, tool_overrides=tool_overrides)
-        report = asyncio.run(make_demos(ctx, env, list(enumerate(rows)), cfg.agent.name))
+    report = demonstrate(cfg, env, list(enumerate(rows)))
     out = Path(args.out) / f"demos-{args.split}.jsonl"
     write_demos(report.rows, out)
     print(json.dumps({"path": str(out), "demos": len(report.rows), "rejected": len(report.rejected),

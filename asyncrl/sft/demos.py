@@ -165,6 +165,18 @@ async def make_demos(ctx: Any, env: Any, rows: list[tuple[int, dict[str, Any]]],
     return report
 
 
+def demonstrate(cfg: Any, env: Any, rows: list[tuple[int, dict[str, Any]]]) -> DemoReport:
+    """`make_demos` for a run's config (asyncrl.config.Config): the env's services running (search_r1's
+    retrieval server), the configured agent, tools, reward and the model's tokenizer."""
+    from asyncrl.agent_loop.base import AgentContext
+    from asyncrl.models import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.model)
+    with env.services(cfg.env) as tool_overrides:
+        ctx = AgentContext.for_config(cfg, engine=None, tokenizer=tokenizer, tool_overrides=tool_overrides)
+        return asyncio.run(make_demos(ctx, env, rows, cfg.agent.name))
+
+
 def write_demos(rows: list[dict[str, Any]], path: Any) -> None:
     """The demonstration rows as JSONL at `path`, atomically (a reader never sees half a file)."""
     from pathlib import Path

@@ -52,7 +52,6 @@ class SftResult:
     steps: int
     final: Path  # the exported HF dir
     train_loss: float  # the last step's
-    val_loss: Optional[float]
     resumed_at: int  # the step a checkpoint resumed the job at (0: from the start)
 
 
@@ -196,7 +195,7 @@ def train(cfg: Any, trajs: list[Any], val: list[Any], plan: SftPlan, label: str 
             worker.save_checkpoint(str(step_dir(checkpoints_root(out), step)),
                                    {"step": step, "sft_steps": len(steps), "rows": len(trajs)})
 
-        loss, vloss = float("nan"), None
+        loss = float("nan")
         for k in range(start, len(steps)):
             ts = time.perf_counter()
             m = worker.train_step(SftBatch(f"sft-step-{k + 1}", [trajs[i] for i in steps[k]]))
@@ -207,7 +206,7 @@ def train(cfg: Any, trajs: list[Any], val: list[Any], plan: SftPlan, label: str 
                    "learner/grad_norm": m["learner/grad_norm"]}
             step = k + 1
             if val and ((plan.val_every and step % plan.val_every == 0) or step == len(steps)):
-                vloss = rec["sft/val_loss"] = val_loss(worker, val)
+                rec["sft/val_loss"] = val_loss(worker, val)
             metrics.log(step, rec)
             if plan.checkpoint_every and step % plan.checkpoint_every == 0 and step < len(steps):
                 save(step)
@@ -216,4 +215,4 @@ def train(cfg: Any, trajs: list[Any], val: list[Any], plan: SftPlan, label: str 
         worker.export_hf(str(out / "final"))
     finally:
         metrics.close()
-    return SftResult(steps=len(steps), final=out / "final", train_loss=loss, val_loss=vloss, resumed_at=start)
+    return SftResult(steps=len(steps), final=out / "final", train_loss=loss, resumed_at=start)

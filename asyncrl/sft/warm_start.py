@@ -25,7 +25,6 @@ RL run whose directory has no finished warm start keeps its checkpoint's policy 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from asyncrl.config import Config, to_dict
-from asyncrl.env_api import Env
+from asyncrl.env_api import Env, can_demonstrate
 from asyncrl.run_dir import timestamp_name
 from asyncrl.sft.demos import HERMES_PARSERS
 
@@ -60,7 +59,7 @@ class WarmStart:
 def why_not(cfg: Config, env: Env) -> Optional[str]:
     """Why this run cannot warm start (None: it can): the env must solve its rows (`Env.demo_turns`), and
     the agent must replay hermes-format demonstrations."""
-    if type(env).demo_turns is Env.demo_turns:
+    if not can_demonstrate(env):
         return f"env {env.name!r} has no demonstrations (it does not implement demo_turns)"
     if cfg.agent.name not in DEMO_AGENTS:
         return (f"agent={cfg.agent.name}: demonstrations are played through {', '.join(DEMO_AGENTS)}, whose turns "
@@ -130,19 +129,14 @@ def run_warm_start(cfg: Config, env: Env, rows: Any, out: Path, resuming_rl: boo
 def make_demo_file(cfg: Config, env: Env, rows: list[dict[str, Any]], d: Path) -> tuple[Path, int, int]:
     """Solve and check `rows` (asyncrl/sft/demos.py) into d/demos-train.jsonl (atomic; reused when present:
     seeded, so the same plan makes the same file). Returns (path, demonstrations kept, rows rejected)."""
-    from asyncrl.agent_loop.base import AgentContext
-    from asyncrl.models import load_tokenizer
-    from asyncrl.sft.demos import make_demos, write_demos
+    from asyncrl.sft.demos import demonstrate, write_demos
 
     path = d / "demos-train.jsonl"
     counts = d / "demos.json"
     if path.exists() and (c := _read_json(counts)) is not None:
         return path, int(c["kept"]), int(c["rejected"])
     log.info("warm start: solving %d training rows as demonstrations", len(rows))
-    tokenizer = load_tokenizer(cfg.model)
-    with env.services(cfg.env) as tool_overrides:
-        ctx = AgentContext.for_config(cfg, engine=None, tokenizer=tokenizer, tool_overrides=tool_overrides)
-        report = asyncio.run(make_demos(ctx, env, list(enumerate(rows)), cfg.agent.name))
+    report = demonstrate(cfg, env, list(enumerate(rows)))
     for i, why in report.rejected[:5]:
         log.warning("warm start: training row %d has no demonstration: %s", i, why)
     if not report.rows:
