@@ -32,8 +32,6 @@ import signal
 import weakref
 from typing import Any, Optional
 
-import openai
-
 from asyncrl import registry
 from asyncrl.agent_loop.base import AgentContext, AgentLoop
 from asyncrl.agent_loop.chat import ChatFormat
@@ -76,7 +74,19 @@ async def stop_proxy(ctx: AgentContext) -> None:
         await hit[2].stop()
 
 
+def openai_module() -> Any:
+    """The `openai` package, which only `agent.openai.function` needs (its client is handed to the function):
+    imported on use, so that every other command works without it."""
+    try:
+        import openai
+    except ImportError as e:
+        raise OpenAIAgentError("agent.openai.function needs the openai package (pip install 'openai>=1.50'); "
+                               f"importing it failed: {e}") from None
+    return openai
+
+
 def resolve_function(oc: OpenAIAgentConfig) -> Any:
+    openai_module()
     name = oc.function or ""
     fn = registry.resolve_object(name) if (":" in name or name.endswith(".py")) else registry.get("openai_agent_fn", name)
     if not callable(fn):
@@ -101,7 +111,7 @@ def sample_json(sample: Sample) -> str:
 
 async def run_function(oc: OpenAIAgentConfig, proxy: ProxyServer, s: Session, sample: Sample) -> Optional[float]:
     fn = resolve_function(oc)
-    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key=s.key, max_retries=0, timeout=oc.timeout_s)
+    client = openai_module().AsyncOpenAI(base_url=proxy.base_url, api_key=s.key, max_retries=0, timeout=oc.timeout_s)
     try:
         got = await fn(client, sample)
     except (asyncio.CancelledError, OpenAIAgentError):

@@ -17,8 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import wandb
-
 from asyncrl.secrets import redacted, secret_env_set
 
 log = logging.getLogger(__name__)
@@ -118,7 +116,9 @@ class MetricsLogger:
         self._wandb = None
         self.wandb_mode = wandb_mode
         if wandb_mode != "off":
-            try:
+            try:  # imported here: a run with trainer.wandb=off neither needs nor pays for it
+                import wandb
+
                 os.environ.setdefault("WANDB_SILENT", "true")
                 with secret_env_set(secret_env if wandb_mode == "online" else None):
                     self._wandb = wandb.init(project=project, mode=wandb_mode, dir=str(output_dir),
