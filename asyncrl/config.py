@@ -372,6 +372,9 @@ class WeightSyncConfig:
 class TrainerConfig:
     mode: Literal["async", "sync"] = "async"  # sync: rollout waits for each weight sync (max_staleness 0)
     total_steps: int = 20  # training steps (policy versions) of the run
+    # a wall-clock budget: no step starts once the run (warm start included) is this many minutes old; the run
+    # then ends as at total_steps (checkpoint, final/) and its summary says so. 0: no budget
+    max_minutes: float = 0.0
     batch_groups: int = 4  # prompts (groups) per training step
     rollout_workers: int = 1  # Ray actors running agent loops
     episodes_per_worker: int = 16  # concurrent agent loops per rollout worker
@@ -400,6 +403,8 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         _check(self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}")
+        _check(math.isfinite(self.max_minutes) and self.max_minutes >= 0, "trainer.max_minutes",
+               f"must be a finite number of minutes >= 0 (0: no budget), got {self.max_minutes}")
         if self.run_name is not None:
             try:
                 check_run_name(self.run_name)

@@ -11,7 +11,8 @@ the watchdog (asyncrl/watchdog.py) judges progress: a run that trains nothing fo
 stops with a checkpoint (if a step was trained since the last one) and a diagnosis.
 
 Every run ends with a summary (printed, and `summary.json` in the output dir) and an exit status that
-says how it ended: 0 completed, nothing skipped; 3 completed, but prompts or optimizer steps were skipped; 4 stopped by the
+says how it ended: 0 completed, nothing skipped (all `trainer.total_steps`, or the steps that started within
+`trainer.max_minutes`, which the summary's exit_reason then counts); 3 completed, but prompts or optimizer steps were skipped; 4 stopped by the
 watchdog (the diagnosis is the last line on stderr); 128 + signum interrupted; 1 crashed (an exception);
 2 config error (before this module runs) or a run directory this start may not use (held by a live run's
 lock, or holding another run's state without `trainer.resume=auto`: asyncrl/run_dir.py), decided before
@@ -92,6 +93,7 @@ def run(cfg: Config, rows: list[dict] | None = None, overrides: list[str] | None
 
 
 def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secret_env: dict) -> int:
+    started = time.monotonic()  # trainer.max_minutes counts from here, the warm start included
     # engines load weights from disk only below the run's directories: absolute, whatever an actor's cwd
     cfg.trainer.output_dir = str(out)
     disk_dir = cfg.trainer.weight_sync.disk_dir
@@ -126,8 +128,9 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
         with env.services(cfg.env) as tool_overrides:
             fleet.start(tool_overrides, resume_from=start.resume_from, highest_published=start.record.highest_version,
                         status=metrics.status)
-            train_loop(cfg, fleet, metrics, out, VersionLog(out, start.record))
-        ending.update(exit_code=EXIT_OK, exit_reason="completed")
+            deadline = started + 60 * cfg.trainer.max_minutes if cfg.trainer.max_minutes else None
+            train_loop(cfg, fleet, metrics, out, VersionLog(out, start.record), deadline)
+        ending.update(exit_code=EXIT_OK, exit_reason=completed_reason(cfg, fleet.step))
     except RunStopped as e:
         ending.update(exit_code=EXIT_WATCHDOG, exit_reason=f"stopped by the watchdog ({e.verdict.kind})",
                       diagnosis=e.verdict.diagnosis)
@@ -223,7 +226,18 @@ def _report(out: Path, summary: dict[str, Any]) -> None:
         print(f"asyncrl train: stopped: {summary['diagnosis']}", file=sys.stderr, flush=True)
 
 
-def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, versions: VersionLog) -> None:
+def completed_reason(cfg: Config, steps: int) -> str:
+    """How a run that was not stopped ended: all its steps, or as many as trainer.max_minutes allowed."""
+    t = cfg.trainer
+    if steps >= t.total_steps:
+        return "completed"
+    return f"completed at the time budget (trainer.max_minutes={t.max_minutes:g}): {steps} of {t.total_steps} steps"
+
+
+def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, versions: VersionLog,
+               deadline: float | None = None) -> None:
+    """Train until trainer.total_steps, or until `deadline` (time.monotonic()) has passed when a step would
+    start; then checkpoint and export final/."""
     ckpt_dir = checkpoints_root(out)
     t = cfg.trainer
     watchdog = Watchdog(stall_timeout_s=t.stall_timeout_s, max_failed_fraction=t.max_failed_episode_fraction,
@@ -241,6 +255,10 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, ver
 
     with open(out / "trained_uids.jsonl", "a") as uids_file:
         while fleet.step < cfg.trainer.total_steps:
+            if deadline is not None and time.monotonic() >= deadline:
+                log.info("trainer.max_minutes=%g reached after %d of %d steps: ending the run", t.max_minutes,
+                         fleet.step, t.total_steps)
+                break
             t0 = time.perf_counter()
             waiting()
             batch, waited = fleet.next_batch(watch)  # restarts dead workers/engines, returns budget, watches

@@ -24,7 +24,7 @@ COMMON_KEYS = (
     "model.path", "engine.type", "engine.num_engines", "agent.max_turn_tokens", "agent.max_response_tokens",
     "agent.tool_parser", "agent.sampling.temperature", "env.train_file", "env.num_train",
     "algorithm.adv_estimator", "algorithm.loss", "algorithm.lr", "algorithm.n_samples", "algorithm.max_staleness",
-    "algorithm.kl_coef", "trainer.mode", "trainer.total_steps", "trainer.batch_groups", "trainer.rollout_workers",
+    "algorithm.kl_coef", "trainer.mode", "trainer.total_steps", "trainer.max_minutes", "trainer.batch_groups", "trainer.rollout_workers",
     "trainer.learner_ranks", "trainer.run_name", "trainer.output_dir", "trainer.resume", "trainer.checkpoint_every",
     "trainer.eval_every", "trainer.wandb", "warm_start.mode", "warm_start.demos",
 )

@@ -287,6 +287,20 @@ def test_resume_after_a_crash_loses_nothing_and_ctrl_c_checkpoints_then_stops_ev
     assert not left, f"processes of the run still alive after Ctrl-C: {[(p.pid, _cmdline(p)) for p in left]}"
 
 
+def test_a_spent_time_budget_starts_no_step_and_ends_the_run_as_completed_with_its_final_model(tiny_model_dir,
+                                                                                               tmp_path):
+    """trainer.max_minutes=0.0001 (6 ms) has passed before the first batch can exist: no step starts, and the
+    run ends as a completed one does (exit 0, final/ exported), its summary counting the steps it trained."""
+    out = tmp_path / "budget"
+    res = _train(_overrides(tiny_model_dir, out, **{"trainer.max_minutes": 0.0001}))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["exit_reason"] == "completed at the time budget (trainer.max_minutes=0.0001): 0 of 3 steps", summary
+    assert summary["steps_trained"] == 0, summary
+    assert (out / "final" / "config.json").is_file() and not _trained(out)
+    assert "trainer.max_minutes=0.0001 reached after 0 of 3 steps: ending the run" in res.stderr
+
+
 def test_every_episode_failing_stops_the_run_with_a_diagnosis(tiny_model_dir, tmp_path):
     """A reward plugin that raises on every episode: no batch can form. The watchdog stops the run (exit 4)
     once its window of 8 episodes is all failures (the stall timeout is the backstop), and the last line
