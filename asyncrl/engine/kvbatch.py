@@ -165,11 +165,10 @@ class KVSlots:
             if need > self.capacity:
                 self._rebuild(min_length=need)
             self.length = max(need - 1, 0)  # no row writes the decode column: the step ends at `need`
-        else:
-            if need > self.length + 1:
-                self._rebuild(min_length=need - 1)
-            if self.length + 1 > self.capacity:
-                self._rebuild()
+        elif need > self.length + 1 or self.length + 1 > self.capacity:
+            # one rebuild for both: a rebuild only for room would trim the dead columns on the left and
+            # could leave fewer columns before the step's end than the longest new prompt needs
+            self._rebuild(min_length=need - 1)
         col = self.length
         self.mask[:n, col] = True
         for j, p in enumerate(new_lengths):

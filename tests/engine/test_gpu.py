@@ -18,11 +18,14 @@ def test_embedded_engine_on_cuda_bf16(engine_model_dir):
     from asyncrl.engine.protocol import parse_request
     from asyncrl.engine.scheduler import EngineCore
 
-    model = AutoModelForCausalLM.from_pretrained(engine_model_dir, dtype=torch.bfloat16).to("cuda").eval()
+    def load():
+        return AutoModelForCausalLM.from_pretrained(engine_model_dir, dtype=torch.bfloat16).to("cuda").eval()
+
+    engine_model, model = load(), load()  # the core's own copy (it switches its attention to KV slots), the reference
     prompts = [list(range(100, 130)), [5, 6, 7], list(range(2000, 2090))]
 
     async def run() -> list[dict]:
-        core = EngineCore(model)
+        core = EngineCore(engine_model)
         core.start()
         try:
             solo = []

@@ -72,3 +72,30 @@ def test_slot_attention_outside_an_engine_step_is_refused():
     q = torch.zeros(1, 2, 3, 4)
     with pytest.raises(RuntimeError, match="only inside an engine step"):
         slot_attention(torch.nn.Module(), q, q, q, None)
+
+
+def test_a_full_slab_with_dead_columns_still_fits_a_long_joining_prompt():
+    """Found on a GPU run (128 running rows, multi-turn prompts of ~360 tokens): a step that found the slab
+    full rebuilt it for room alone, trimming the dead columns on the left, and left fewer columns before the
+    step's end than a joining prompt needed ("expanded size of the tensor (0) must match ... (362)").
+    Built here directly: row A (200 tokens) and row B (100) run until the slab is full, A leaves (too few
+    dead columns to trim), and a 300-token prompt joins: it fits, right-aligned at the step's end."""
+    from asyncrl.engine.kvbatch import KVSlots
+
+    like = torch.zeros((1, 2, 1, 4))
+    kv = KVSlots(slots=4)
+    col, _ = kv.begin_step([200], like, n_layers=1)
+    kv.end_step(1)
+    col, _ = kv.begin_step([100], like, n_layers=1)
+    kv.end_step(1)
+    while kv.length < kv.capacity:
+        kv.begin_step([], like, n_layers=1)
+        kv.end_step(0)
+    kv.remove(0)  # B moves into row 0; its dead columns on the left stay (fewer than half the length)
+    assert kv.rows == 1 and kv.length == kv.capacity and kv.length - int(kv.real[0]) == 101
+    col, mask = kv.begin_step([300], like, n_layers=1)
+    assert col + 1 >= 300
+    assert int(kv.mask[1].sum()) == 300 and bool(kv.mask[1, col + 1 - 300 : col + 1].all())
+    assert int(kv.mask[0].sum()) == int(kv.real[0]) + 1 and bool(kv.mask[0, col])  # B: its tokens and this step's
+    kv.end_step(1)
+    assert kv.rows == 2 and kv.real[:2].tolist() == [228, 300]
