@@ -3,8 +3,9 @@ and transformers' own continuous batching (`generate_batch`'s manager), on one w
 
 Workload (seeded): `--requests` prompts of 32..256 random tokens; long-tailed output lengths: one
 request in `--long-every` wants `--max-new-tokens` tokens, the others 1/16..1/8 of that. Every
-system generates exactly each request's length (greedy, EOS banned until the length is reached),
-so all three produce the same useful tokens; tokens/s = sum(lengths) / wall time.
+system generates exactly each request's length (EOS banned until the length is reached; greedy, or
+sampled at `--temperature` with no top-k or top-p on every side), so all three produce the same useful
+tokens; tokens/s = sum(lengths) / wall time.
   (a) embedded engine: a real server subprocess, all requests sent at once through EngineClient,
       max_running_seqs = --batch;
   (b) `model.generate` on static left-padded batches of --batch requests in arrival order (each
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import random
 import time
 from typing import Any
@@ -48,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="every side's weights and compute (auto: what the engine serves on this machine)")
     parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="interleaved rounds; medians are reported")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy; > 0: every side samples at this temperature (as RL's rollouts do)")
 
 
 def workload(n: int, long_len: int, long_every: int, min_prompt: int, max_prompt: int, vocab: int,
@@ -64,12 +68,17 @@ def workload(n: int, long_len: int, long_every: int, min_prompt: int, max_prompt
     return out
 
 
-async def _engine_run(url: str, work: list[tuple[list[int], int]]) -> float:
+def _sampling(temperature: float) -> dict[str, Any]:
+    """transformers' generate arguments for the workload's draw (its default top_k of 50 switched off)."""
+    return {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {"do_sample": False}
+
+
+async def _engine_run(url: str, work: list[tuple[list[int], int]], temperature: float) -> float:
     async with EngineClient(url, timeout_s=3600) as client:
         await client.generate(work[0][0][:8], SamplingParams(temperature=0, max_new_tokens=2))  # warm-up
         t0 = time.perf_counter()
         results = await asyncio.gather(*[
-            client.generate(p, SamplingParams(temperature=0, max_new_tokens=n, min_new_tokens=n)) for p, n in work
+            client.generate(p, SamplingParams(temperature=temperature, max_new_tokens=n, min_new_tokens=n)) for p, n in work
         ])
         dt = time.perf_counter() - t0
     got = [len(r.output_ids) for r in results]
@@ -79,7 +88,7 @@ async def _engine_run(url: str, work: list[tuple[list[int], int]]) -> float:
     return dt
 
 
-def _static_run(model: Any, work: list[tuple[list[int], int]], batch: int, pad_id: int) -> float:
+def _static_run(model: Any, work: list[tuple[list[int], int]], batch: int, pad_id: int, temperature: float) -> float:
     model.generate(torch.tensor([work[0][0][:8]]), max_new_tokens=2, do_sample=False)  # warm-up
     t0 = time.perf_counter()
     for s in range(0, len(work), batch):
@@ -91,16 +100,16 @@ def _static_run(model: Any, work: list[tuple[list[int], int]], batch: int, pad_i
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         n = max(k for _, k in chunk)
-        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                       pad_token_id=pad_id)
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, pad_token_id=pad_id,
+                       **_sampling(temperature))
     return time.perf_counter() - t0
 
 
-def _cb_run(model: Any, work: list[tuple[list[int], int]], batch: int) -> float:
+def _cb_run(model: Any, work: list[tuple[list[int], int]], batch: int, temperature: float) -> float:
     # (c) only, which --skip-cb leaves out: this API has moved between transformers releases
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    gen = GenerationConfig(max_new_tokens=max(n for _, n in work), do_sample=False, eos_token_id=-1)
+    gen = GenerationConfig(max_new_tokens=max(n for _, n in work), eos_token_id=-1, **_sampling(temperature))
     # size its paged cache for `batch` running requests (left to itself it takes most of free RAM)
     page = 256
     blocks = batch * -(-max(len(p) + n for p, n in work) // page) + 4
@@ -125,6 +134,8 @@ def _cb_run(model: Any, work: list[tuple[list[int], int]], batch: int) -> float:
 
 
 def run(args: argparse.Namespace) -> dict:
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise SystemExit(f"asyncrl bench engine: --temperature must be a finite number >= 0, got {args.temperature}")
     model_dir = args.model_path or str(resolve_model_dir(ModelConfig()))
     tok = AutoTokenizer.from_pretrained(model_dir)
     work = workload(args.requests, args.max_new_tokens, args.long_every, args.min_prompt, args.max_prompt,
@@ -138,19 +149,20 @@ def run(args: argparse.Namespace) -> dict:
 
     def static() -> float:
         with torch.inference_mode():
-            return _static_run(model, work, args.batch, pad)
+            return _static_run(model, work, args.batch, pad, args.temperature)
 
     # the engine's server process lives through every round (idle while the other sides run)
     with launch_embedded(model_dir, max_running_seqs=args.batch, threads=threads, dtype=dtype) as proc:
-        sides = {"engine": lambda: asyncio.run(_engine_run(proc.url, work))}
+        sides = {"engine": lambda: asyncio.run(_engine_run(proc.url, work, args.temperature))}
         if not args.skip_static:
             sides["static"] = static
         if not args.skip_cb:
-            sides["hf_continuous"] = lambda: _cb_run(model, work, args.batch)
+            sides["hf_continuous"] = lambda: _cb_run(model, work, args.batch, args.temperature)
         seconds = interleave(sides, args.rounds)
     out: dict[str, Any] = {
         "model": str(model_dir).rsplit("/", 1)[-1], "requests": len(work), "output_tokens": tokens,
         "batch": args.batch, "threads": threads, "rounds": args.rounds, "dtype": dtype,
+        "temperature": args.temperature,
     }
     names = {"engine": "engine", "static": "static_generate", "hf_continuous": "hf_continuous"}
     for side, values in seconds.items():

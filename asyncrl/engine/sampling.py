@@ -18,8 +18,12 @@ the config (asyncrl/config.py, `Config.__post_init__`) refuses engine=sglang wit
 
 Drawing a token for one row: z = logits / T; mask z outside the top-k and outside the smallest
 set of tokens whose probability mass reaches top_p (the most likely token always stays); draw from
-softmax(z) with the row's own `torch.Generator` (seeded requests are reproducible), or argmax when
-T == 0.
+softmax(z), or argmax when T == 0. The draw is by inverse CDF: one uniform u from the row's own
+`torch.Generator` (seeded requests are reproducible), and the first token whose cumulative probability
+exceeds u times the row's total (a token of zero probability is never drawn). `sample_tokens` does this
+for every row of a step at once, on the logits' own device: drawing row by row (softmax and
+torch.multinomial over a 49k vocabulary each) cost 46 ms of a 16-row step on one CPU thread and 310 ms at
+128 rows, more than the model's forward (docs/benchmarks.md, "On one GPU").
 """
 
 from __future__ import annotations
@@ -75,6 +79,61 @@ def truncate_logits(z: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return z
 
 
+def sample_tokens(
+    logits: torch.Tensor,
+    temperatures: Sequence[float],
+    top_k: Sequence[int],
+    top_p: Sequence[float],
+    banned: Sequence[Sequence[int]],
+    generators: Sequence[torch.Generator | None],
+) -> list[int]:
+    """One token per row of logits [R, V] (any device), row i drawn by its own temperature, top-k, top-p,
+    banned token ids and generator (None: torch's global one), as the module docstring says."""
+    z = logits.float()  # the caller's own tensor when it is float32: never written below
+    rows, vocab = z.shape
+    out = torch.empty(rows, dtype=torch.long, device=z.device)
+    greedy = [i for i, t in enumerate(temperatures) if t == 0]
+    sampled = [i for i, t in enumerate(temperatures) if t != 0]
+    if greedy:
+        at = torch.tensor(greedy, device=z.device)
+        out[at] = z[at].argmax(-1)
+        for i in greedy:
+            if banned[i]:
+                row = z[i].clone()
+                row[list(banned[i])] = float("-inf")
+                out[i] = row.argmax()
+    if sampled:
+        at = torch.tensor(sampled, device=z.device)
+        zs = z if len(sampled) == rows else z[at]  # every row sampled (RL's rollouts): no copy
+        temps = [temperatures[i] for i in sampled]
+        if any(t != 1.0 for t in temps):
+            zs = zs / torch.tensor(temps, device=z.device).unsqueeze(1)
+        truncated = [j for j, i in enumerate(sampled) if top_k[i] > 0 or top_p[i] < 1.0]
+        if truncated and zs is z:
+            zs = zs.clone()
+        for j in truncated:  # the ban comes first: the nucleus is that of the tokens that may be drawn
+            i = sampled[j]
+            if banned[i]:
+                zs[j, list(banned[i])] = float("-inf")
+            zs[j] = truncate_logits(zs[j], top_k[i], top_p[i])
+        probs = torch.softmax(zs, dim=-1)
+        done = set(truncated)
+        cut = [(j, t) for j, i in enumerate(sampled) if j not in done for t in banned[i]]
+        if cut:  # a banned token's mass dropped (one indexed write): the draw below renormalizes
+            probs[torch.tensor([j for j, _ in cut], device=z.device), torch.tensor([t for _, t in cut], device=z.device)] = 0.0
+        cdf = torch.cumsum(probs, dim=-1)
+        u = torch.tensor([float(torch.rand((), generator=generators[i])) for i in sampled], device=z.device)
+        tok = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_max(vocab - 1)
+        # cdf[t] > u * total >= cdf[t - 1]: token t has mass; only a rounding at the very top can pass the
+        # last token with mass, and then that token is the draw
+        empty = probs.gather(1, tok.unsqueeze(1)).squeeze(1) == 0
+        if bool(empty.any()):
+            last = (vocab - 1) - torch.flip(probs > 0, dims=[1]).int().argmax(dim=1)
+            tok = torch.where(empty, last, tok)
+        out[at] = tok
+    return out.tolist()
+
+
 def sample_row(
     logits: torch.Tensor,
     *,
@@ -84,13 +143,5 @@ def sample_row(
     banned: Sequence[int] = (),
     generator: torch.Generator | None = None,
 ) -> int:
-    """Draw one token from one row of float32 logits [V] (see the module docstring)."""
-    z = logits.float()
-    if banned:
-        z = z.clone()
-        z[list(banned)] = float("-inf")
-    if temperature == 0:
-        return int(torch.argmax(z).item())
-    z = truncate_logits(z / temperature, top_k, top_p)
-    probs = torch.softmax(z, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """Draw one token from one row of logits [V]: `sample_tokens` of one row."""
+    return sample_tokens(logits.unsqueeze(0), [temperature], [top_k], [top_p], [tuple(banned)], [generator])[0]

@@ -40,7 +40,7 @@ import torch
 from asyncrl.engine.fused import Segment, StepPlan, supports_fused, use_slot_attention
 from asyncrl.engine.kvbatch import KVSlots
 from asyncrl.engine.protocol import BadRequest, GenRequest, build_reply
-from asyncrl.engine.sampling import sample_row, token_logprobs
+from asyncrl.engine.sampling import sample_tokens, token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -375,17 +375,14 @@ class EngineCore:
     def _emit(self, reqs: list[GenRequest], logits: torch.Tensor) -> None:
         """Draw one token per row, record its logprob (sampling.token_logprobs), version and time,
         and set finish_reason where a stop condition holds."""
-        logits = logits.float().cpu()
-        tokens = []
-        for r, row in zip(reqs, logits):
-            banned = ()
-            if len(r.output_ids) < r.min_new_tokens:
-                banned = tuple(t for t in (r.stop_token_ids | (frozenset() if r.ignore_eos else self.eos_ids))
-                               if 0 <= t < row.shape[-1])
-            tokens.append(sample_row(row, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                                     banned=banned, generator=r.generator))
-        temps = torch.tensor([r.temperature for r in reqs], dtype=torch.float32)
-        lps = token_logprobs(logits, torch.tensor(tokens), temps).tolist()
+        logits = logits.float()  # on the model's device: the whole step is drawn there at once
+        vocab = logits.shape[-1]
+        banned = [tuple(t for t in (r.stop_token_ids | (frozenset() if r.ignore_eos else self.eos_ids)) if 0 <= t < vocab)
+                  if len(r.output_ids) < r.min_new_tokens else () for r in reqs]
+        tokens = sample_tokens(logits, [r.temperature for r in reqs], [r.top_k for r in reqs], [r.top_p for r in reqs],
+                               banned, [r.generator for r in reqs])
+        temps = torch.tensor([r.temperature for r in reqs], dtype=torch.float32, device=logits.device)
+        lps = token_logprobs(logits, torch.tensor(tokens, device=logits.device), temps).tolist()
         now = time.monotonic()
         for r, t, lp in zip(reqs, tokens, lps):
             r.output_ids.append(t)

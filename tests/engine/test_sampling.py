@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from asyncrl.engine.protocol import BadRequest, parse_request
-from asyncrl.engine.sampling import effective_temperature, sample_row, token_logprobs, truncate_logits
+from asyncrl.engine.sampling import effective_temperature, sample_row, sample_tokens, token_logprobs, truncate_logits
 
 
 def test_token_logprobs_hand_values():
@@ -92,3 +92,39 @@ def test_sample_row_greedy_banned_and_seeded():
     a = [sample_row(flat, temperature=1.0, generator=g) for g in [torch.Generator().manual_seed(7)] * 20]
     b = [sample_row(flat, temperature=1.0, generator=g) for g in [torch.Generator().manual_seed(7)] * 20]
     assert a == b and len(set(a)) > 10
+
+
+def test_sample_tokens_draws_each_row_by_its_own_settings_as_sample_row_does():
+    """A step of mixed rows (greedy, plain, top-k, top-p, banned, unseeded) drawn at once gives each seeded
+    row the token sample_row gives it alone with the same seed."""
+    torch.manual_seed(0)
+    logits = torch.randn(6, 300) * 3
+    settings = [  # temperature, top_k, top_p, banned, seed
+        (0.0, -1, 1.0, (), None), (1.0, -1, 1.0, (), 1), (0.7, 5, 1.0, (), 2), (1.3, -1, 0.8, (), 3),
+        (1.0, -1, 1.0, tuple(int(t) for t in logits[4].topk(3).indices), 4), (0.0, -1, 1.0, (int(logits[5].argmax()),), None),
+    ]
+    for trial in range(20):
+        gens = [torch.Generator().manual_seed(100 * trial + s) if s is not None else None for *_, s in settings]
+        got = sample_tokens(logits, [s[0] for s in settings], [s[1] for s in settings], [s[2] for s in settings],
+                            [s[3] for s in settings], gens)
+        for i, (t, k, p, banned, seed) in enumerate(settings):
+            g = torch.Generator().manual_seed(100 * trial + seed) if seed is not None else None
+            assert got[i] == sample_row(logits[i], temperature=t, top_k=k, top_p=p, banned=banned, generator=g), (trial, i)
+            assert got[i] not in banned
+        assert got[0] == int(logits[0].argmax())
+        assert got[2] in logits[2].topk(5).indices.tolist()
+
+
+def test_sample_tokens_follows_the_distribution_and_never_draws_a_token_without_mass():
+    """8000 seeded draws of softmax([log .5, log .3, log .2, -inf, -inf]): each token's frequency within 0.02 of
+    its probability, and the two masked tokens (the last ones, where a draw rounding past the top would land)
+    never drawn."""
+    row = torch.tensor([math.log(0.5), math.log(0.3), math.log(0.2), float("-inf"), float("-inf")])
+    g = torch.Generator().manual_seed(0)
+    draws = []
+    for _ in range(100):
+        draws += sample_tokens(row.expand(80, -1), [1.0] * 80, [-1] * 80, [1.0] * 80, [()] * 80, [g] * 80)
+    freq = [draws.count(t) / len(draws) for t in range(5)]
+    assert all(abs(f - p) < 0.02 for f, p in zip(freq, [0.5, 0.3, 0.2, 0.0, 0.0])), freq
+    assert freq[3] == freq[4] == 0.0
+
