@@ -22,8 +22,8 @@ softmax(z), or argmax when T == 0. The draw is by inverse CDF: one uniform u fro
 `torch.Generator` (seeded requests are reproducible), and the first token whose cumulative probability
 exceeds u times the row's total (a token of zero probability is never drawn). `sample_tokens` does this
 for every row of a step at once, on the logits' own device: drawing row by row (softmax and
-torch.multinomial over a 49k vocabulary each) cost 46 ms of a 16-row step on one CPU thread and 310 ms at
-128 rows, more than the model's forward (docs/benchmarks.md, "On one GPU").
+torch.multinomial over a 49k vocabulary each) cost 31 ms of a 16-row step on one CPU thread and 180-250 ms
+at 128 rows, more than a GPU's forward of those rows (docs/benchmarks.md, "On one GPU").
 """
 
 from __future__ import annotations

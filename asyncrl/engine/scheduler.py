@@ -332,7 +332,7 @@ class EngineCore:
             segments.append(Segment(start, start + p, rows))
             ids.extend(g[0].input_ids)
         col, mask = self.kv.begin_step(new_lengths, self._kv_like, self._n_layers)
-        pos = [self.kv.real[:n]] + [torch.arange(s.end - s.start, device=self.kv.real.device) for s in segments]
+        pos = [self.kv.real[:n]] + [torch.arange(s.end - s.start, device=self.device) for s in segments]
         keep = list(range(n)) + [s.end - 1 for s in segments]
         out = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=self.device),
                          position_ids=torch.cat(pos).unsqueeze(0).to(self.device), use_cache=False,
