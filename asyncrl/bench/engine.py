@@ -33,7 +33,7 @@ from asyncrl.config import ModelConfig
 from asyncrl.engine.base import SamplingParams
 from asyncrl.engine.client import EngineClient
 from asyncrl.engine.launcher import launch_embedded
-from asyncrl.models import engine_dtype, resolve_model_dir, torch_dtype
+from asyncrl.models import default_device, engine_dtype, resolve_model_dir, torch_dtype
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="every side's weights and compute (auto: what the engine serves on this machine)")
     parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="interleaved rounds; medians are reported")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="every side's device (auto: cuda when a GPU is visible, else cpu)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="0: greedy; > 0: every side samples at this temperature (as RL's rollouts do)")
 
@@ -89,7 +91,7 @@ async def _engine_run(url: str, work: list[tuple[list[int], int]], temperature: 
 
 
 def _static_run(model: Any, work: list[tuple[list[int], int]], batch: int, pad_id: int, temperature: float) -> float:
-    model.generate(torch.tensor([work[0][0][:8]]), max_new_tokens=2, do_sample=False)  # warm-up
+    model.generate(torch.tensor([work[0][0][:8]], device=model.device), max_new_tokens=2, do_sample=False)  # warm-up
     t0 = time.perf_counter()
     for s in range(0, len(work), batch):
         chunk = work[s : s + batch]
@@ -100,7 +102,7 @@ def _static_run(model: Any, work: list[tuple[list[int], int]], batch: int, pad_i
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         n = max(k for _, k in chunk)
-        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, pad_token_id=pad_id,
+        model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=n, min_new_tokens=n, pad_token_id=pad_id,
                        **_sampling(temperature))
     return time.perf_counter() - t0
 
@@ -142,9 +144,12 @@ def run(args: argparse.Namespace) -> dict:
                     len(tok), args.seed)
     tokens = sum(n for _, n in work)
     threads = torch.get_num_threads()
-    dtype = engine_dtype(args.dtype, "cpu")
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype, "cpu"),
-                                                 attn_implementation="sdpa").eval()
+    device = default_device() if args.device == "auto" else args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"asyncrl bench engine: --device cuda, but torch {torch.__version__} sees no CUDA GPU")
+    dtype = engine_dtype(args.dtype, device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype, device),
+                                                 attn_implementation="sdpa").to(device).eval()
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
 
     def static() -> float:
@@ -152,7 +157,7 @@ def run(args: argparse.Namespace) -> dict:
             return _static_run(model, work, args.batch, pad, args.temperature)
 
     # the engine's server process lives through every round (idle while the other sides run)
-    with launch_embedded(model_dir, max_running_seqs=args.batch, threads=threads, dtype=dtype) as proc:
+    with launch_embedded(model_dir, max_running_seqs=args.batch, threads=threads, dtype=dtype, device=device) as proc:
         sides = {"engine": lambda: asyncio.run(_engine_run(proc.url, work, args.temperature))}
         if not args.skip_static:
             sides["static"] = static
@@ -162,7 +167,7 @@ def run(args: argparse.Namespace) -> dict:
     out: dict[str, Any] = {
         "model": str(model_dir).rsplit("/", 1)[-1], "requests": len(work), "output_tokens": tokens,
         "batch": args.batch, "threads": threads, "rounds": args.rounds, "dtype": dtype,
-        "temperature": args.temperature,
+        "temperature": args.temperature, "device": device,
     }
     names = {"engine": "engine", "static": "static_generate", "hf_continuous": "hf_continuous"}
     for side, values in seconds.items():
