@@ -138,15 +138,15 @@ def _cb_run(model: Any, work: list[tuple[list[int], int]], batch: int, temperatu
 def run(args: argparse.Namespace) -> dict:
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise SystemExit(f"asyncrl bench engine: --temperature must be a finite number >= 0, got {args.temperature}")
+    device = default_device() if args.device == "auto" else args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"asyncrl bench engine: --device cuda, but torch {torch.__version__} sees no CUDA GPU")
     model_dir = args.model_path or str(resolve_model_dir(ModelConfig()))
     tok = AutoTokenizer.from_pretrained(model_dir)
     work = workload(args.requests, args.max_new_tokens, args.long_every, args.min_prompt, args.max_prompt,
                     len(tok), args.seed)
     tokens = sum(n for _, n in work)
     threads = torch.get_num_threads()
-    device = default_device() if args.device == "auto" else args.device
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"asyncrl bench engine: --device cuda, but torch {torch.__version__} sees no CUDA GPU")
     dtype = engine_dtype(args.dtype, device)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype, device),
                                                  attn_implementation="sdpa").to(device).eval()

@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from asyncrl.engine.protocol import BadRequest, parse_request
-from asyncrl.engine.sampling import effective_temperature, sample_row, sample_tokens, token_logprobs, truncate_logits
+from asyncrl.engine.sampling import (
+    effective_temperature,
+    sample_row,
+    sample_tokens,
+    token_logprobs,
+    truncate_logits,
+)
 
 
 def test_token_logprobs_hand_values():

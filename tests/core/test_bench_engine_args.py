@@ -1,0 +1,28 @@
+"""`asyncrl bench engine` refuses a bad --temperature or an absent GPU by name, before it loads any model."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from asyncrl.bench import engine as bench_engine
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench_engine.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-0.5"])
+def test_a_non_finite_or_negative_temperature_is_refused(value):
+    with pytest.raises(SystemExit, match=r"--temperature must be a finite number >= 0, got"):
+        bench_engine.run(_args("--temperature", value, "--model-path", "/nonexistent"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU: --device cuda is valid here")
+def test_device_cuda_without_a_gpu_is_refused():
+    with pytest.raises(SystemExit, match=r"--device cuda, but torch .* sees no CUDA GPU"):
+        bench_engine.run(_args("--device", "cuda"))
