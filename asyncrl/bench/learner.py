@@ -19,13 +19,17 @@ second worker, and ratio_lora_over_full = the full fine-tuning packed step's med
 is faster), with lora_tokens_per_s. With `--cpu-bf16`, a side with bf16 autocast (model.cpu_bf16) and
 ratio_bf16_over_fp32, likewise the fp32 step's time over the bf16 one's.
 
-With `--group-size G --prompt-len P` the batch is GRPO-shaped: groups of G samples share one P-token
+With `--prompt-len P` (and `--group-size G`) the batch is GRPO-shaped: groups of G samples share one P-token
 prompt, and the lengths drawn above are the responses' (the default run is about `--num-seqs 16
---group-size 4 --prompt-len 320 --min-len 40 --max-len 400`). A side "shared" scores each group as one
-prompt tree (algorithm.share_prompts, asyncrl/learner/packing.py) and ratio_shared_over_packed is the
-packed step's median time over its own (> 1: sharing is faster); with `--cpu-bf16` also "shared_bf16" (both
-together) and ratio_shared_bf16_over_packed. Every other side scores each sample with its own copy of the
-prompt.
+--group-size 4 --prompt-len 320 --system-len 280 --min-len 40 --max-len 400`; its warm start's SFT steps,
+`--num-seqs 8 --group-size 1 --prompt-len 315 --system-len 280 --min-len 60 --max-len 75`). `--system-len S`:
+every prompt starts with one S-token system prefix (what a chat template puts before each question). A side
+"shared" scores the batch as one prefix tree (algorithm.share_prompts, asyncrl/learner/packing.py) and
+ratio_shared_over_packed is the packed step's median time over its own (> 1: sharing is faster); a side
+"shared_groups" shares each prompt within its own group only (the layout before trees spanned prompts), and
+ratio_tree_over_groups is its median time over the "shared" side's; with `--cpu-bf16` also "shared_bf16"
+(sharing and bf16 together) and ratio_shared_bf16_over_packed. Every other side scores each sample with its
+own copy of the prompt.
 """
 
 from __future__ import annotations
@@ -59,7 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu-bf16", action="store_true", help="add a side with bf16 autocast (model.cpu_bf16)")
     parser.add_argument("--group-size", type=int, default=1, help="samples sharing one prompt (> 1: a shared side)")
     parser.add_argument("--prompt-len", type=int, default=0,
-                        help="with --group-size > 1: the shared prompt's tokens (lengths are then the responses')")
+                        help="each group's prompt tokens (> 0: lengths are the responses', and shared sides run)")
+    parser.add_argument("--system-len", type=int, default=0,
+                        help="with --prompt-len: the tokens of a system prefix every prompt starts with")
 
 
 def lengths_long_tailed(n: int, lo: int, hi: int, seed: int) -> list[int]:
@@ -69,17 +75,20 @@ def lengths_long_tailed(n: int, lo: int, hi: int, seed: int) -> list[int]:
     return [int(x) for x in lengths]
 
 
-def make_batch(lengths: list[int], vocab: int, seed: int, group_size: int = 1, prompt_len: int = 0):
-    """Groups of 2 with prompts of a quarter of each length (at most 64); or, with group_size > 1 and
-    prompt_len > 0, groups of group_size sharing one prompt_len-token prompt, `lengths` being the responses'."""
+def make_batch(lengths: list[int], vocab: int, seed: int, group_size: int = 1, prompt_len: int = 0,
+               system_len: int = 0):
+    """Groups of 2 with prompts of a quarter of each length (at most 64); or, with prompt_len > 0, groups of
+    group_size sharing one prompt_len-token prompt whose first system_len tokens every prompt has, `lengths`
+    being the responses'."""
     rng = np.random.default_rng(seed + 1)
-    shared = group_size > 1 and prompt_len > 0
+    shared = prompt_len > 0
     size = group_size if shared else 2
     trajs, prompt = [], []
+    system = rng.integers(10, vocab, min(system_len, prompt_len)).tolist()
     for i, n in enumerate(lengths):
         if shared:
             if i % size == 0:
-                prompt = rng.integers(10, vocab, prompt_len).tolist()
+                prompt = system + rng.integers(10, vocab, prompt_len - len(system)).tolist()
             p, n = prompt_len, prompt_len + n
         else:
             p = min(64, max(1, n // 4))
@@ -102,13 +111,14 @@ def run(args: argparse.Namespace) -> dict:
     worker = LearnerWorker(cfg)
     vocab = int(worker.model.config.vocab_size)
     lengths = lengths_long_tailed(args.num_seqs, args.min_len, args.max_len, args.seed)
-    batch = make_batch(lengths, vocab, args.seed, args.group_size, args.prompt_len)
-    shared = args.group_size > 1 and args.prompt_len > 0
+    batch = make_batch(lengths, vocab, args.seed, args.group_size, args.prompt_len, args.system_len)
+    shared = args.prompt_len > 0
     real_tokens = sum(len(t.prompt_ids) + len(t.response_ids) for t in batch.trajectories())
     worker.train_step(make_batch([args.min_len, args.min_len], vocab, args.seed + 7))  # warm-up
     out: dict = {"model": str(worker.model.config.name_or_path).split("/")[-1], "lengths": lengths,
                  "real_tokens": real_tokens, "group_size": args.group_size if shared else 1,
-                 "prompt_len": args.prompt_len if shared else None, "budget": args.budget, "decoupled": args.decoupled,
+                 "prompt_len": args.prompt_len if shared else None,
+                 "system_len": min(args.system_len, args.prompt_len) if shared else None, "budget": args.budget, "decoupled": args.decoupled,
                  "threads": torch.get_num_threads()}
     workers = {"padded": worker, "packed": worker}
     if args.critic:
@@ -124,17 +134,17 @@ def run(args: argparse.Namespace) -> dict:
         workers["lora"] = LearnerWorker(replace(cfg, model=replace(cfg.model, lora=LoraConfig(rank=args.lora))))
         workers["lora"].train_step(make_batch([args.min_len, args.min_len], vocab, args.seed + 7))  # warm-up
 
-    def step(w: LearnerWorker, packing: bool, share: bool = False) -> tuple[float, float, int]:
-        w.layout = replace(w.layout, packing=packing, share_prompts=share)
+    def step(w: LearnerWorker, packing: bool, share: bool = False, across: bool = True) -> tuple[float, float, int]:
+        w.layout = replace(w.layout, packing=packing, share_prompts=share, across_prompts=across)
         t0, c0 = time.perf_counter(), time.process_time()
         m = w.train_step(batch)
         return time.perf_counter() - t0, time.process_time() - c0, int(m["learner/compute_tokens_rank"])
 
     runs: dict[str, list[tuple[float, float, int]]] = {name: [] for name in workers}
 
-    def side(name: str, packing: bool, worker: str | None = None, share: bool = False):
+    def side(name: str, packing: bool, worker: str | None = None, share: bool = False, across: bool = True):
         def one() -> float:
-            runs[name].append(step(workers[worker or name], packing, share))
+            runs[name].append(step(workers[worker or name], packing, share, across))
             return runs[name][-1][0]
         return one
 
@@ -142,6 +152,8 @@ def run(args: argparse.Namespace) -> dict:
     if shared:
         runs["shared"] = []
         sides["shared"] = side("shared", True, worker="packed", share=True)
+        runs["shared_groups"] = []
+        sides["shared_groups"] = side("shared_groups", True, worker="packed", share=True, across=False)
         if args.cpu_bf16:  # shared prompts and bf16 together: the default run's learner on this CPU
             runs["shared_bf16"] = []
             sides["shared_bf16"] = side("shared_bf16", True, worker="bf16", share=True)
@@ -166,6 +178,9 @@ def run(args: argparse.Namespace) -> dict:
         out["shared_compute_tokens"] = runs["shared"][-1][2]
         out["shared_tokens_per_s"] = round(real_tokens / statistics.median(seconds["shared"]), 1)
         out["ratio_shared_over_packed"] = ratio(seconds["packed"], seconds["shared"])  # > 1: sharing is faster
+        out.update(summary("shared_groups_seconds", seconds["shared_groups"]))
+        out["shared_groups_compute_tokens"] = runs["shared_groups"][-1][2]
+        out["ratio_tree_over_groups"] = ratio(seconds["shared_groups"], seconds["shared"])  # > 1: the tree is faster
         if args.cpu_bf16:
             out.update(summary("shared_bf16_seconds", seconds["shared_bf16"]))
             out["shared_bf16_tokens_per_s"] = round(real_tokens / statistics.median(seconds["shared_bf16"]), 1)

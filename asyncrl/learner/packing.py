@@ -29,8 +29,21 @@ tool output costs an lm_head row.
   exactly the context and positions of its own separate forward, and the prefix's gradient is the sum of
   the branches' (what separate forwards give), at the cost of P - 1 + sum(R_k + 1) tokens instead of
   sum(P + R_k): with GRPO's 4 samples of a 319-token prompt and ~150-token responses, about half.
-  Cost of a unit (samples sharing a prompt) against the budget: that sum; a group larger than the budget
-  is split into units that each pay the prefix. Rows hold whole units, capped at the longest unit.
+  A unit is the samples of one prompt (a group larger than the budget is split into units); its stem,
+  p_0 .. p_{P-2}, is what it can share with other units. The units of a row are laid out as the prefix
+  tree (trie) of their stems, depth first: a node's tokens once, at their positions in the stems, and
+  under the node where a unit's stem ends, its branches. The mask generalizes: a token sees the tokens
+  before it in its own segment (a trie node or a branch) and in its segment's ancestors. Prompts that share
+  a system prefix (a chat template's system prompt and tool schemas: 280 of the default task's ~315
+  prompt tokens) then pay it once a row: the warm start's SFT batch of 8 demonstrations is 1120 tokens
+  instead of 3080. Cost against the budget: the tokens a unit adds to its micro-batch's tree (its tree
+  length less the longest stem prefix it shares with a unit already there; exact for a trie, whatever
+  the order), units binned first-fit decreasing.
+  Rows: a [rows, L] layout costs about rows * L * (span + L): the projections are linear in the tokens,
+  attention under a dense mask is L per token, and `span` (`attention_span(model)`, 2048 for
+  SmolLM2-135M) is the row length at which they are equal. One long row pays its padding nowhere and its
+  shared prefixes once, but its attention grows with L; the layout tries the first-fits at each
+  candidate row length (the tree lengths of the 1, 2, ... longest units together) and keeps the cheapest.
   Needs an attention that takes a custom mask (sdpa, eager): `shares_prompts_with(model)`.
 A sequence longer than the budget gets a micro-batch of its own.
 """
@@ -155,15 +168,66 @@ def prompt_units(seqs: Sequence[SeqSpec], token_budget: int | None = None) -> li
     return units
 
 
-def plan(seqs: Sequence[SeqSpec], token_budget: int, packing: bool, share_prompts: bool = False) -> list[list[int]]:
+class _Units:
+    """The prompt units of some sequences with what laying them out together costs: each unit's tree length
+    and stem (its prompt less the last token: what it can share with other units), and the longest common
+    prefix of two stems (cached). `across=False` shares nothing between units (each prompt's tree alone)."""
+
+    def __init__(self, seqs: Sequence[SeqSpec], units: list[list[int]], across: bool = True):
+        self.seqs, self.units, self.across = seqs, units, across
+        self.length = [unit_length(seqs, u) for u in units]
+        self.stem = [seqs[u[0]].input_ids[: seqs[u[0]].prompt_len - 1].to(torch.int64).numpy() for u in units]
+        self._lcp: dict[tuple[int, int], int] = {}
+
+    def lcp(self, a: int, b: int) -> int:
+        key = (a, b) if a < b else (b, a)
+        if not self.across and a != b:
+            return 0
+        if key not in self._lcp:
+            x, y = self.stem[a], self.stem[b]
+            n = min(len(x), len(y))
+            diff = (x[:n] != y[:n]).nonzero()[0]
+            self._lcp[key] = int(diff[0]) if len(diff) else n
+        return self._lcp[key]
+
+    def marginal(self, u: int, placed: Sequence[int]) -> int:
+        """Tokens unit `u` adds to a prefix tree already holding `placed`: its tree length less the longest
+        stem prefix it shares with one of them (exact for a trie, whatever the order of insertion)."""
+        return self.length[u] - max((self.lcp(u, v) for v in placed), default=0)
+
+    def fill(self, order: Sequence[int], capacity: int) -> tuple[list[list[int]], list[int]]:
+        """First-fit of units (in `order`) into bins whose prefix trees hold <= capacity tokens (a unit longer
+        than that gets a bin of its own); the bins and their tree lengths."""
+        bins: list[list[int]] = []
+        loads: list[int] = []
+        for u in order:
+            for b, load in enumerate(loads):
+                add = self.marginal(u, bins[b])
+                if load + add <= capacity:
+                    bins[b].append(u)
+                    loads[b] += add
+                    break
+            else:
+                bins.append([u])
+                loads.append(self.length[u])
+        return bins, loads
+
+    def longest_first(self, subset: Sequence[int] | None = None) -> list[int]:
+        idx = range(len(self.units)) if subset is None else subset
+        return sorted(idx, key=lambda u: (-self.length[u], u))
+
+
+def plan(seqs: Sequence[SeqSpec], token_budget: int, packing: bool, share_prompts: bool = False,
+         across: bool = True) -> list[list[int]]:
     """Micro-batches (lists of indices into `seqs`) under `token_budget`; with shared prompts (packed only)
-    a unit's cost is its tree length, units are binned first-fit decreasing."""
+    units are binned first-fit decreasing, each costing the tokens it adds to its micro-batch's prefix tree
+    (`across=False`: its own tree's)."""
     if not (packing and share_prompts):
         return plan_micro_batches([s.length for s in seqs], token_budget, packing)
     _check_budget(token_budget)
-    units = prompt_units(seqs, token_budget)
-    bins = first_fit_decreasing([unit_length(seqs, u) for u in units], token_budget)
-    return [sorted(n for b in bin_ for n in units[b]) for bin_ in bins]
+    units = _Units(seqs, prompt_units(seqs, token_budget), across)
+    bins, _ = units.fill(units.longest_first(), token_budget)
+    return [sorted(n for u in bin_ for n in units.units[u]) for bin_ in sorted(bins, key=min)]
 
 
 def attn_implementation(model: torch.nn.Module) -> str | None:
@@ -178,28 +242,53 @@ def shares_prompts_with(model: torch.nn.Module) -> bool:
     return attn_implementation(model) in ("sdpa", "eager")
 
 
+DEFAULT_SPAN = 2048  # attention_span of SmolLM2-135M, and of a model whose config does not say
+
+
+def attention_span(model: torch.nn.Module) -> int:
+    """The row length at which a token's attention costs what the rest of its layer does: a [rows, L] layout
+    costs about rows * L * (span + L) (module docstring). From the config: the layer's projection weights over
+    3x its query width (FLOPs alone give 2x; sdpa with a tree mask measured 1.5x that on CPU: SmolLM2-135M,
+    one thread, forward + backward of one row of L tokens took L * (8.75e-3 + 4.18e-6 L) s, span 2094)."""
+    cfg = getattr(model, "config", None) or getattr(getattr(model, "trunk", None), "config", None)
+    try:
+        h, inter = int(cfg.hidden_size), int(cfg.intermediate_size)
+        heads, kv = int(cfg.num_attention_heads), int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+        hd = int(getattr(cfg, "head_dim", None) or h // heads)
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        return DEFAULT_SPAN
+    weights = 2 * h * heads * hd + 2 * h * kv * hd + 3 * h * inter  # q, o; k, v; gate, up, down
+    return max(1, weights // (3 * heads * hd))
+
+
 @dataclass(frozen=True)
 class Layout:
     """How one learner cuts and lays out its sequences: the token budget, packed or padded rows, and shared
-    prompts (decided once the model is built: `shares_prompts_with`)."""
+    prompts (decided once the model is built: `shares_prompts_with`) with the model's `attention_span`.
+    `across_prompts=False` keeps each prompt's tree to itself (the layout before prefix trees spanned prompts:
+    the learner bench's baseline for them)."""
 
     token_budget: int
     packing: bool
     share_prompts: bool
     pad_id: int
+    span: int = DEFAULT_SPAN
+    across_prompts: bool = True
 
     @classmethod
     def for_model(cls, algo: Any, model: torch.nn.Module, pad_id: int) -> Layout:
         """The layout `algo` (an AlgorithmConfig) asks for, shared prompts only where `model` can take them."""
         share = algo.packing and algo.share_prompts and shares_prompts_with(model)
-        return cls(algo.micro_batch_tokens, algo.packing, share, pad_id)
+        return cls(algo.micro_batch_tokens, algo.packing, share, pad_id, attention_span(model))
 
     def plan(self, specs: Sequence[SeqSpec], local: Sequence[int]) -> list[list[int]]:
         """Micro-batches (positions into `local`) of the sequences `specs[i] for i in local`."""
-        return plan([specs[i] for i in local], self.token_budget, self.packing, self.share_prompts)
+        return plan([specs[i] for i in local], self.token_budget, self.packing, self.share_prompts,
+                    self.across_prompts)
 
     def micro_batch(self, specs: Sequence[SeqSpec], idx: Sequence[int]) -> MicroBatch:
-        return build_micro_batch([specs[i] for i in idx], idx, self.packing, self.pad_id, self.share_prompts)
+        return build_micro_batch([specs[i] for i in idx], idx, self.packing, self.pad_id, self.share_prompts,
+                                 self.span, self.across_prompts)
 
 
 def mask_argument(mb: MicroBatch, model: torch.nn.Module, device: Any = "cpu") -> torch.Tensor | None:
@@ -219,41 +308,107 @@ def mask_argument(mb: MicroBatch, model: torch.nn.Module, device: Any = "cpu") -
     return m
 
 
-def _tree_rows(seqs: Sequence[SeqSpec], pad_id: int) -> tuple:
-    """Shared-prompt layout (module docstring): ids, positions, 4-D mask, and each sequence's row and
+def tree_rows_of(units: _Units, span: int) -> tuple[list[list[int]], int]:
+    """Units (indices into `units`) per row, and the row length: of the first-fits at each candidate row
+    capacity (the tree lengths of the 1, 2, ... longest units laid out together), the one whose [rows, L]
+    tensor costs least by rows * L * (span + L); on a tie the shorter rows."""
+    order = units.longest_first()
+    caps, placed, load = [], [], 0
+    for u in order:
+        load += units.marginal(u, placed)
+        placed.append(u)
+        caps.append(load)
+    best: tuple[list[list[int]], int] = ([], 0)
+    best_cost = -1
+    for cap in sorted(set(caps)):
+        rows, loads = units.fill(order, cap)
+        L = max(loads)
+        cost = len(rows) * L * (span + L)
+        if best_cost < 0 or cost < best_cost:
+            best, best_cost = (rows, L), cost
+    return best
+
+
+class _Row:
+    """One row of a shared-prefix layout being written: tokens, positions, the segment of each token, and each
+    segment's parent (-1: none). A token sees the tokens before it in its own segment and in its ancestors'."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.pos: list[int] = []
+        self.seg: list[int] = []
+        self.parent: list[int] = []
+
+    def segment(self, parent: int, ids: Sequence[int], first_position: int) -> int:
+        me = len(self.parent)
+        self.parent.append(parent)
+        self.ids += list(ids)
+        self.pos += range(first_position, first_position + len(ids))
+        self.seg += [me] * len(ids)
+        return me
+
+    def mask(self, length: int) -> torch.Tensor:
+        """bool [length, length]: query q sees key k iff k <= q and k's segment is q's or an ancestor of it;
+        the tail after the tokens is one padding segment of its own."""
+        pad = self.segment(-1, [], 0)
+        n = len(self.parent)
+        anc = torch.zeros((n, n), dtype=torch.bool)
+        for s, p in enumerate(self.parent):  # a parent is made before its children
+            if p >= 0:
+                anc[s] = anc[p]
+            anc[s, s] = True
+        seg = torch.full((length,), pad, dtype=torch.long)
+        seg[: len(self.seg)] = torch.tensor(self.seg, dtype=torch.long)
+        col = torch.arange(length)
+        return anc[seg[:, None], seg[None, :]] & (col[None, :] <= col[:, None])
+
+
+def _lay_row(units: _Units, row: Sequence[int], out: _Row, offsets: list[int]) -> None:
+    """Write the units of `row` as their stems' prefix tree, depth first, with each sequence's branch (the last
+    prompt token, then its response) under the node where its stem ends; records each sequence's offset."""
+    # units sharing stem[:start], and their parent node; without sharing across prompts each unit from the root
+    stack: list[tuple[list[int], int, int]] = [(list(row), 0, -1)] if units.across else \
+        [([u], 0, -1) for u in reversed(row)]
+    while stack:
+        group, start, parent = stack.pop()
+        first = units.stem[group[0]]
+        stop = min((units.lcp(group[0], v) for v in group[1:]), default=len(first))
+        node = out.segment(parent, first[start:stop].tolist(), start) if stop > start else parent
+        children: dict[int, list[int]] = {}
+        for u in group:
+            stem = units.stem[u]
+            if len(stem) > stop:
+                children.setdefault(int(stem[stop]), []).append(u)
+                continue
+            for n in units.units[u]:
+                s = units.seqs[n]
+                p = s.prompt_len
+                offsets[n] = len(out.ids) - (p - 1)
+                out.segment(node, s.input_ids[p - 1:].tolist(), p - 1)
+        stack.extend((g, stop, node) for g in reversed(list(children.values())))
+
+
+def _tree_rows(seqs: Sequence[SeqSpec], pad_id: int, span: int, across: bool) -> tuple:
+    """Shared-prefix layout (module docstring): ids, positions, 4-D mask, and each sequence's row and
     virtual offset (the offset at which its prompt would start, so response token c sits at
     offset + P + c and is predicted at offset + P - 1 + c)."""
-    units = prompt_units(seqs)
-    ulen = [unit_length(seqs, u) for u in units]
-    rows = first_fit_decreasing(ulen, max(ulen))
-    L = max(sum(ulen[u] for u in row) for row in rows)
+    units = _Units(seqs, prompt_units(seqs), across)
+    rows, L = tree_rows_of(units, span)
     ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
     pos = torch.zeros((len(rows), L), dtype=torch.long)
-    unit_of = -torch.arange(1, L + 1, dtype=torch.long).repeat(len(rows), 1)  # padding: a unit per token
-    branch = torch.zeros((len(rows), L), dtype=torch.long)
+    mask = torch.zeros((len(rows), 1, L, L), dtype=torch.bool)
     row_of, offsets = [0] * len(seqs), [0] * len(seqs)
     for r, row in enumerate(rows):
-        off = 0
+        out = _Row()
+        _lay_row(units, row, out, offsets)
+        n = len(out.ids)
+        ids[r, :n] = torch.tensor(out.ids, dtype=torch.long)
+        pos[r, :n] = torch.tensor(out.pos, dtype=torch.long)
+        pos[r, n:] = torch.arange(L - n)
+        mask[r, 0] = out.mask(L)
         for u in row:
-            members = units[u]
-            p = seqs[members[0]].prompt_len
-            ids[r, off : off + p - 1] = seqs[members[0]].input_ids[: p - 1].long()
-            pos[r, off : off + p - 1] = torch.arange(p - 1)
-            unit_of[r, off : off + ulen[u]] = u
-            off += p - 1
-            for k, n in enumerate(members, start=1):
-                s = seqs[n]
-                width = s.length - p + 1
-                ids[r, off : off + width] = s.input_ids[p - 1 :].long()
-                pos[r, off : off + width] = torch.arange(p - 1, s.length)
-                branch[r, off : off + width] = k
-                row_of[n], offsets[n] = r, off - (p - 1)
-                off += width
-    col = torch.arange(L)
-    causal = col[None, :] <= col[:, None]  # [q, k]
-    same_unit = unit_of[:, :, None] == unit_of[:, None, :]
-    visible = (branch[:, None, :] == 0) | (branch[:, None, :] == branch[:, :, None])
-    mask = (same_unit & visible & causal[None]).unsqueeze(1)  # [rows, 1, L, L]
+            for m in units.units[u]:
+                row_of[m] = r
     return ids, pos, mask, row_of, offsets
 
 
@@ -276,12 +431,13 @@ def _targets(seqs: Sequence[SeqSpec], row_of: Sequence[int], offset_of: Sequence
 
 
 def build_micro_batch(seqs: Sequence[SeqSpec], seq_index: Sequence[int], packing: bool, pad_id: int = 0,
-                      share_prompts: bool = False) -> MicroBatch:
-    """Lay out `seqs` as packed rows (with shared prompts: as prompt trees), or as right-padded rows."""
+                      share_prompts: bool = False, span: int = DEFAULT_SPAN, across: bool = True) -> MicroBatch:
+    """Lay out `seqs` as packed rows (with shared prompts: as prefix trees, rows chosen by the model's attention
+    `span`), or as right-padded rows."""
     lengths = [s.length for s in seqs]
     max_resp = max((s.loss_mask.numel() for s in seqs), default=0)
     if packing and share_prompts:
-        ids, pos, attn, row_of, offsets = _tree_rows(seqs, pad_id)
+        ids, pos, attn, row_of, offsets = _tree_rows(seqs, pad_id, span, across)
         keep, tgt, row, col = _targets(seqs, row_of, offsets, ids.shape)
     elif packing:
         rows = first_fit_decreasing(lengths, max(lengths))
