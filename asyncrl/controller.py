@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import signal
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -114,8 +115,10 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
     if ended is not None:
         return ended
     (out / "config.json").write_text(json.dumps(shown_config(cfg), indent=2))  # model.path: what RL starts from
-    log.info("run %s in %s; %d training prompts; mode %s, max_staleness %d", start.run_id, out, len(rows),
-             cfg.trainer.mode, cfg.algorithm.max_staleness)
+    budget = (f"; time budget {cfg.trainer.max_minutes:g} min from the start, warm start included "
+              f"(trainer.max_minutes; 0: none)" if cfg.trainer.max_minutes else "")
+    log.info("run %s in %s; %d training prompts; mode %s, max_staleness %d%s", start.run_id, out, len(rows),
+             cfg.trainer.mode, cfg.algorithm.max_staleness, budget)
     ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, include_dashboard=False,
              ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING, runtime_env=runtime_env)
     metrics = MetricsLogger(out, wandb_mode=cfg.trainer.wandb, project=cfg.trainer.wandb_project,
@@ -234,10 +237,20 @@ def completed_reason(cfg: Config, steps: int) -> str:
     return f"completed at the time budget (trainer.max_minutes={t.max_minutes:g}): {steps} of {t.total_steps} steps"
 
 
+def next_step_fits(now: float, deadline: float | None, step_seconds: list[float]) -> bool:
+    """Whether a step started at `now` is expected to end by `deadline` (None: no budget): it takes the median of
+    the run's steps so far (the first, which waits for the first rollouts, is an outlier), the first step
+    nothing (it always starts while time is left)."""
+    if deadline is None:
+        return True
+    expected = statistics.median(step_seconds) if step_seconds else 0.0
+    return now + expected <= deadline and now < deadline
+
+
 def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, versions: VersionLog,
                deadline: float | None = None) -> None:
-    """Train until trainer.total_steps, or until `deadline` (time.monotonic()) has passed when a step would
-    start; then checkpoint and export final/."""
+    """Train until trainer.total_steps, or until the next step is not expected to end by `deadline`
+    (time.monotonic(); `next_step_fits`); then checkpoint and export final/."""
     ckpt_dir = checkpoints_root(out)
     t = cfg.trainer
     watchdog = Watchdog(stall_timeout_s=t.stall_timeout_s, max_failed_fraction=t.max_failed_episode_fraction,
@@ -253,10 +266,12 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, ver
         metrics.status(waiting_line(fleet.step + 1, t.total_steps, t.batch_groups, fleet.buffer_stats(),
                                     fleet.worker_states()))
 
+    step_seconds: list[float] = []
     with open(out / "trained_uids.jsonl", "a") as uids_file:
         while fleet.step < cfg.trainer.total_steps:
-            if deadline is not None and time.monotonic() >= deadline:
-                log.info("trainer.max_minutes=%g reached after %d of %d steps: ending the run", t.max_minutes,
+            if not next_step_fits(time.monotonic(), deadline, step_seconds):
+                log.info("trainer.max_minutes=%g: %s after %d of %d steps; ending the run", t.max_minutes,
+                         "the next step would end past the budget" if step_seconds else "the budget is spent",
                          fleet.step, t.total_steps)
                 break
             t0 = time.perf_counter()
@@ -270,8 +285,9 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, ver
             uids_file.flush()
             stats = {**result.metrics, **fleet.sync_weights()}
             fleet.publish_version(result.version)  # after the sync: engines hold it before anyone admits by it
-            stats.update(fleet.rollout_metrics(), **{"learner/idle_fraction": waited / (time.perf_counter() - t0),
-                                                     "step_seconds": time.perf_counter() - t0,
+            step_seconds.append(time.perf_counter() - t0)
+            stats.update(fleet.rollout_metrics(), **{"learner/idle_fraction": waited / step_seconds[-1],
+                                                     "step_seconds": step_seconds[-1],
                                                      "version": fleet.version})
             metrics.log(fleet.step, stats)
             watch()  # failing episodes stop a run that still forms batches too

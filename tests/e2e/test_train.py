@@ -298,7 +298,7 @@ def test_a_spent_time_budget_starts_no_step_and_ends_the_run_as_completed_with_i
     assert summary["exit_reason"] == "completed at the time budget (trainer.max_minutes=0.0001): 0 of 3 steps", summary
     assert summary["steps_trained"] == 0, summary
     assert (out / "final" / "config.json").is_file() and not _trained(out)
-    assert "trainer.max_minutes=0.0001 reached after 0 of 3 steps: ending the run" in res.stderr
+    assert "trainer.max_minutes=0.0001: the budget is spent after 0 of 3 steps; ending the run" in res.stderr
 
 
 def test_every_episode_failing_stops_the_run_with_a_diagnosis(tiny_model_dir, tmp_path):
