@@ -180,9 +180,9 @@ class _Units:
         self._lcp: dict[tuple[int, int], int] = {}
 
     def lcp(self, a: int, b: int) -> int:
-        key = (a, b) if a < b else (b, a)
         if not self.across and a != b:
             return 0
+        key = (a, b) if a < b else (b, a)
         if key not in self._lcp:
             x, y = self.stem[a], self.stem[b]
             n = min(len(x), len(y))
@@ -212,9 +212,8 @@ class _Units:
                 loads.append(self.length[u])
         return bins, loads
 
-    def longest_first(self, subset: Sequence[int] | None = None) -> list[int]:
-        idx = range(len(self.units)) if subset is None else subset
-        return sorted(idx, key=lambda u: (-self.length[u], u))
+    def longest_first(self) -> list[int]:
+        return sorted(range(len(self.units)), key=lambda u: (-self.length[u], u))
 
 
 def plan(seqs: Sequence[SeqSpec], token_budget: int, packing: bool, share_prompts: bool = False,
@@ -349,14 +348,12 @@ class _Row:
 
     def mask(self, length: int) -> torch.Tensor:
         """bool [length, length]: query q sees key k iff k <= q and k's segment is q's or an ancestor of it;
-        the tail after the tokens is one padding segment of its own."""
-        pad = self.segment(-1, [], 0)
-        n = len(self.parent)
-        anc = torch.zeros((n, n), dtype=torch.bool)
+        the tail after the tokens is one padding segment of its own (the last, with no parent)."""
+        pad = len(self.parent)
+        anc = torch.eye(pad + 1, dtype=torch.bool)
         for s, p in enumerate(self.parent):  # a parent is made before its children
             if p >= 0:
-                anc[s] = anc[p]
-            anc[s, s] = True
+                anc[s] |= anc[p]
         seg = torch.full((length,), pad, dtype=torch.long)
         seg[: len(self.seg)] = torch.tensor(self.seg, dtype=torch.long)
         col = torch.arange(length)
