@@ -121,9 +121,11 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
              cfg.trainer.mode, cfg.algorithm.max_staleness, budget)
     ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, include_dashboard=False,
              ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING, runtime_env=runtime_env)
+    deadline = started + 60 * cfg.trainer.max_minutes if cfg.trainer.max_minutes else None
     metrics = MetricsLogger(out, wandb_mode=cfg.trainer.wandb, project=cfg.trainer.wandb_project,
                             config=shown_config(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps,
-                            secret_env=secret_env, run_name=start.run_id)
+                            secret_env=secret_env, run_name=start.run_id,
+                            budget_ends_at=None if deadline is None else time.time() + deadline - time.monotonic())
     fleet = Fleet(cfg, out, rows, start.run_id)
     ending = {"exit_code": EXIT_ERROR, "exit_reason": "crashed", "diagnosis": "",
               **({"warm_start": warm.summary} if warm is not None else {})}
@@ -131,7 +133,6 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
         with env.services(cfg.env) as tool_overrides:
             fleet.start(tool_overrides, resume_from=start.resume_from, highest_published=start.record.highest_version,
                         status=metrics.status)
-            deadline = started + 60 * cfg.trainer.max_minutes if cfg.trainer.max_minutes else None
             train_loop(cfg, fleet, metrics, out, VersionLog(out, start.record), deadline)
         ending.update(exit_code=EXIT_OK, exit_reason=completed_reason(cfg, fleet.step))
     except RunStopped as e:

@@ -52,6 +52,16 @@ def eta_seconds(step: int, total: int, first: tuple[int, float, float], now: flo
     return per_step * (total - step)
 
 
+def shown_eta(eta: float | None, budget_left: float | None) -> str:
+    """The progress line's ETA: the steps' `eta`, or the time budget's `budget_left` (trainer.max_minutes) where
+    the budget ends the run first, said so; "" once no step is left."""
+    if eta is None:
+        return ""
+    if budget_left is not None and budget_left < eta:
+        return f" | eta {format_duration(max(budget_left, 0.0))} (time budget)"
+    return f" | eta {format_duration(eta)}"
+
+
 def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for k, v in metrics.items():
@@ -101,8 +111,10 @@ class StatusLine:
 class MetricsLogger:
     def __init__(self, output_dir: str | Path, *, wandb_mode: str = "offline", project: str = "asyncrl",
                  config: dict | None = None, progress: bool = True, total_steps: int | None = None,
-                 secret_env: dict[str, str] | None = None, run_name: str | None = None, label: str = ""):
+                 secret_env: dict[str, str] | None = None, run_name: str | None = None, label: str = "",
+                 budget_ends_at: float | None = None):
         """`label`: put before every step line (a phase of a longer command, e.g. "warm start: ").
+        `budget_ends_at`: when (time.time()) trainer.max_minutes ends the run; the ETA is never past it.
         `secret_env`: what `asyncrl.secrets.withhold_env` withheld (WANDB_API_KEY); put back in the
         environment only while an online wandb starts its service, never for offline."""
         self.path = Path(output_dir) / "metrics.jsonl"
@@ -110,6 +122,7 @@ class MetricsLogger:
         self._file = open(self.path, "a", buffering=1)
         self.total_steps = total_steps
         self.label = label
+        self.budget_ends_at = budget_ends_at
         self.line = StatusLine(enabled=progress)
         self.t0 = self.line.t0
         self._first_step: tuple[int, float, float] | None = None  # the first step logged, when, its duration
@@ -154,8 +167,7 @@ class MetricsLogger:
             if self._first_step is None:  # step 1, or the first step after a resume
                 self._first_step = (step, now, now - self.t0)
             eta = eta_seconds(step, self.total_steps or 0, self._first_step, now)
-            if eta is not None:
-                line += f" | eta {format_duration(eta)}"
+            line += shown_eta(eta, None if self.budget_ends_at is None else self.budget_ends_at - now)
         self._emit(line)
 
     def status(self, text: str, *, every_s: float = 30.0) -> None:

@@ -57,6 +57,32 @@ def test_status_lines_and_the_eta_on_a_log_file(tmp_path, capsys, monkeypatch):
     assert "eta" not in lines[5]
 
 
+def test_the_eta_is_the_time_budget_where_it_ends_the_run_first():
+    from asyncrl.metrics import shown_eta
+
+    assert shown_eta(300.0, None) == " | eta 5m00s"
+    assert shown_eta(300.0, 400.0) == " | eta 5m00s"  # the steps end first
+    assert shown_eta(300.0, 125.0) == " | eta 2m05s (time budget)"
+    assert shown_eta(300.0, -5.0) == " | eta 0s (time budget)"  # spent: never a negative time
+    assert shown_eta(None, 125.0) == ""  # no step left
+
+
+def test_a_budgeted_run_shows_the_budget_as_its_eta(tmp_path, capsys, monkeypatch):
+    import asyncrl.metrics as metrics_mod
+
+    clock = [1000.0]
+    monkeypatch.setattr(metrics_mod.time, "time", lambda: clock[0])
+    m = MetricsLogger(tmp_path, wandb_mode="off", progress=False, total_steps=25, budget_ends_at=1000.0 + 27 * 60)
+    clock[0] += 600  # the warm start and step 1: 10 min of the 27
+    m.log(1, {"train/reward_mean": 0.5, "version": 1})
+    clock[0] += 85
+    m.log(2, {"train/reward_mean": 0.5, "version": 2})
+    m.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("| 10m00s | eta 17m00s (time budget)")  # 24 steps x 600 s would be 4 h
+    assert lines[1].endswith("| 11m25s | eta 15m35s (time budget)")  # 23 x 85 s = 32m35s > what is left
+
+
 def test_waiting_line_counts_groups_and_episodes():
     from asyncrl.controller import waiting_line
     from asyncrl.job_state import RolloutPosition, RolloutState
