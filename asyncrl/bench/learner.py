@@ -68,6 +68,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --prompt-len: the tokens of a system prefix every prompt starts with")
 
 
+def check_batch_shape(args: argparse.Namespace) -> None:
+    """SystemExit naming the first batch-shape flag whose value cannot make a batch (before any model loads)."""
+    bad = [(args.num_seqs < 1, f"--num-seqs must be >= 1, got {args.num_seqs}"),
+           (not 1 <= args.min_len <= args.max_len,
+            f"--min-len and --max-len must satisfy 1 <= min <= max, got {args.min_len} and {args.max_len}"),
+           (args.group_size < 1, f"--group-size must be >= 1, got {args.group_size}"),
+           (args.prompt_len < 0, f"--prompt-len must be >= 0, got {args.prompt_len}"),
+           (not 0 <= args.system_len <= args.prompt_len,
+            f"--system-len must be in 0..--prompt-len ({args.prompt_len}), got {args.system_len}")]
+    for is_bad, why in bad:
+        if is_bad:
+            raise SystemExit(f"asyncrl bench learner: {why}")
+
+
 def lengths_long_tailed(n: int, lo: int, hi: int, seed: int) -> list[int]:
     u = np.random.default_rng(seed).random(n)
     lengths = (lo * (hi / lo) ** (u**2)).astype(int).clip(lo, hi)
@@ -78,13 +92,13 @@ def lengths_long_tailed(n: int, lo: int, hi: int, seed: int) -> list[int]:
 def make_batch(lengths: list[int], vocab: int, seed: int, group_size: int = 1, prompt_len: int = 0,
                system_len: int = 0):
     """Groups of 2 with prompts of a quarter of each length (at most 64); or, with prompt_len > 0, groups of
-    group_size sharing one prompt_len-token prompt whose first system_len tokens every prompt has, `lengths`
-    being the responses'."""
+    group_size sharing one prompt_len-token prompt whose first system_len (<= prompt_len) tokens every prompt
+    has, `lengths` being the responses'."""
     rng = np.random.default_rng(seed + 1)
     shared = prompt_len > 0
     size = group_size if shared else 2
     trajs, prompt = [], []
-    system = rng.integers(10, vocab, min(system_len, prompt_len)).tolist()
+    system = rng.integers(10, vocab, system_len).tolist()
     for i, n in enumerate(lengths):
         if shared:
             if i % size == 0:
@@ -104,6 +118,7 @@ def make_batch(lengths: list[int], vocab: int, seed: int, group_size: int = 1, p
 
 
 def run(args: argparse.Namespace) -> dict:
+    check_batch_shape(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = Config(model=ModelConfig(path=args.model_path) if args.model_path else ModelConfig(),
@@ -118,7 +133,7 @@ def run(args: argparse.Namespace) -> dict:
     out: dict = {"model": str(worker.model.config.name_or_path).split("/")[-1], "lengths": lengths,
                  "real_tokens": real_tokens, "group_size": args.group_size if shared else 1,
                  "prompt_len": args.prompt_len if shared else None,
-                 "system_len": min(args.system_len, args.prompt_len) if shared else None, "budget": args.budget, "decoupled": args.decoupled,
+                 "system_len": args.system_len if shared else None, "budget": args.budget, "decoupled": args.decoupled,
                  "threads": torch.get_num_threads()}
     workers = {"padded": worker, "packed": worker}
     if args.critic:
