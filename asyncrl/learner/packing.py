@@ -317,15 +317,11 @@ def tree_rows_of(units: _Units, span: int) -> tuple[list[list[int]], int]:
         load += units.marginal(u, placed)
         placed.append(u)
         caps.append(load)
-    best: tuple[list[list[int]], int] = ([], 0)
-    best_cost = -1
+    candidates = []  # (rows, L) per capacity, shortest rows first: min keeps the first of equal costs
     for cap in sorted(set(caps)):
         rows, loads = units.fill(order, cap)
-        L = max(loads)
-        cost = len(rows) * L * (span + L)
-        if best_cost < 0 or cost < best_cost:
-            best, best_cost = (rows, L), cost
-    return best
+        candidates.append((rows, max(loads)))
+    return min(candidates, key=lambda c: len(c[0]) * c[1] * (span + c[1]))
 
 
 class _Row:
