@@ -1,18 +1,5 @@
-"""Maps agents/, tools/, envs/ and configs/ into the one `asyncrl` import namespace."""
+"""Every package lives under asyncrl/ and imports by its path; the config presets ship as package data."""
 
 from setuptools import find_packages, setup
 
-ROOTS = {
-    "asyncrl": "asyncrl",
-    "asyncrl.agents": "agents",
-    "asyncrl.tools": "tools",
-    "asyncrl.envs": "envs",
-    "asyncrl.configs": "configs",
-}
-
-packages = []
-for name, directory in ROOTS.items():
-    packages.append(name)
-    packages.extend(f"{name}.{sub}" for sub in find_packages(directory))
-
-setup(packages=packages, package_dir=ROOTS)
+setup(packages=find_packages(include=["asyncrl", "asyncrl.*"]))

@@ -13,23 +13,23 @@ import sys
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("asyncrl.train", "run RL training (Hydra overrides: asyncrl train agent=react trainer.total_steps=5)"),
-    "plugins": ("asyncrl.plugins_cli", "list every registered agent loop, tool, parser, interaction, env and reward"),
-    "data": ("asyncrl.data", "build or check datasets (asyncrl data check FILE | asyncrl data arithmetic --out DIR)"),
+    "train": ("asyncrl.commands.train", "run RL training (Hydra overrides: asyncrl train agent=react trainer.total_steps=5)"),
+    "plugins": ("asyncrl.commands.plugins", "list every registered agent loop, tool, parser, interaction, env and reward"),
+    "data": ("asyncrl.commands.data", "build or check datasets (asyncrl data check FILE | asyncrl data arithmetic --out DIR)"),
     "buffer": ("asyncrl.buffer.cli", "run the ZMQ replay buffer service alone (debugging)"),
     "engine": ("asyncrl.engine.cli", "run the embedded inference engine server alone"),
     "retriever": ("asyncrl.envs.search_r1.cli", "run the retrieval server for Search-R1 (asyncrl retriever serve)"),
     "export": ("asyncrl.learner.export", "export a training checkpoint as a plain Hugging Face directory"),
     "bench": ("asyncrl.bench", "run a benchmark (buffer | engine | learner | weights | e2e); prints a JSON line"),
-    "diagnose": ("asyncrl.diagnose", "report versions, devices and whether the default model loads"),
+    "diagnose": ("asyncrl.commands.diagnose", "report versions, devices and whether the default model loads"),
     "sft": ("asyncrl.sft.trainer", "supervised warm start on chat data with tool calls "
             "(asyncrl sft demos.jsonl --out outputs/sft; then asyncrl train model.path=outputs/sft/final)"),
-    "eval": ("asyncrl.offline.eval_cli", "measure a model on a dataset split: mean@k, pass@k per data source "
+    "eval": ("asyncrl.commands.eval", "measure a model on a dataset split: mean@k, pass@k per data source "
              "(asyncrl eval [RUN_DIR|CHECKPOINT|HF_DIR] -k 4)"),
-    "generate": ("asyncrl.offline.generate_cli", "run a dataset through the agent loop into a parquet of responses, "
+    "generate": ("asyncrl.commands.generate", "run a dataset through the agent loop into a parquet of responses, "
                  "resumable (asyncrl generate [MODEL] --out FILE.parquet)"),
-    "view": ("asyncrl.view.cli", "browse a run's trajectories in a terminal UI, live (asyncrl view RUN_DIR)"),
-    "report": ("asyncrl.report", "plot a run's curves (PNG) and summarize it (markdown): asyncrl report RUN_DIR"),
+    "view": ("asyncrl.commands.view", "browse a run's trajectories in a terminal UI, live (asyncrl view RUN_DIR)"),
+    "report": ("asyncrl.commands.report", "plot a run's curves (PNG) and summarize it (markdown): asyncrl report RUN_DIR"),
 }
 
 

@@ -171,14 +171,14 @@ def torch_dtype(name: str, device: str) -> Any:
 
 def engine_dtype(name: str, device: str) -> str:
     """The dtype an inference engine serves in: `name`, or for "auto" bf16 on a GPU and on a CPU that
-    computes bf16 natively (asyncrl.cpus.native_bf16: measured 2.4-2.6x fp32 for SmolLM2-135M's prefill and
+    computes bf16 natively (asyncrl.util.cpus.native_bf16: measured 2.4-2.6x fp32 for SmolLM2-135M's prefill and
     16-row decode on the 2-core machine kind, docs/benchmarks.md), fp32 on any other CPU. The learner's
     "auto" stays fp32 on CPU (its master weights; model.cpu_bf16 is its autocast)."""
     if name != "auto":
         return name
     if device.startswith("cuda"):
         return "bfloat16"
-    from asyncrl.cpus import native_bf16
+    from asyncrl.util.cpus import native_bf16
 
     return "bfloat16" if native_bf16() else "float32"
 

@@ -33,7 +33,7 @@ from typing import Optional
 
 import msgspec
 
-from asyncrl.durable import fsync_dir
+from asyncrl.util.durable import fsync_dir
 
 log = logging.getLogger("asyncrl")
 

@@ -17,10 +17,10 @@ import math
 import random
 from typing import Any
 
+from asyncrl.data.schema import Trajectory, make_trajectory
 from asyncrl.engine.base import SamplingParams
-from asyncrl.env_api import Env, Sample, score
+from asyncrl.envs.base import Env, Sample, score
 from asyncrl.registry import register
-from asyncrl.schema import Trajectory, make_trajectory
 
 
 def _rng(*key: Any) -> random.Random:

@@ -34,19 +34,19 @@ from typing import Any, Optional
 
 from transformers import AutoTokenizer
 
-from asyncrl.agent_loop.base import AgentContext, run_episode
-from asyncrl.agent_loop.chat import ChatFormat
-from asyncrl.agent_loop.tool_calls import ToolCall
-from asyncrl.agent_loop.tool_runner import ToolRunner
+from asyncrl.agents.base import AgentContext, run_episode
+from asyncrl.agents.chat import ChatFormat
+from asyncrl.agents.tool_calls import ToolCall
+from asyncrl.agents.tool_runner import ToolRunner
 from asyncrl.config import AgentConfig, ModelConfig, SamplingConfig
 from asyncrl.engine.base import GenerateResult, SamplingParams
 from asyncrl.engine.client import EngineClient
 from asyncrl.engine.launcher import launch_embedded
-from asyncrl.env_api import Sample
+from asyncrl.envs.base import Sample
 from asyncrl.models import resolve_model_dir
 from asyncrl.proxy.server import ProxyServer
-from asyncrl.tooling.base import Tool
-from asyncrl.tooling.loader import load_tool_specs
+from asyncrl.tools.base import Tool
+from asyncrl.tools.loader import load_tool_specs
 from asyncrl.tools.python import PythonTool
 
 

@@ -41,8 +41,8 @@ import zmq
 
 from asyncrl.bench.rounds import MIN_ROUNDS, interleave, ratio, summary
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer
-from asyncrl.net import free_port
-from asyncrl.schema import Array, Trajectory, encode
+from asyncrl.data.schema import Array, Trajectory, encode
+from asyncrl.util.net import free_port
 
 UID_WIDTH = 12  # uids are "p<k>-<index>" padded to a fixed width so the template can be patched
 
@@ -301,7 +301,7 @@ def run_scale(a) -> dict:
     import msgspec
     import psutil
 
-    from asyncrl.schema import make_trajectory
+    from asyncrl.data.schema import make_trajectory
 
     rounds = max(1, a.scale // SCALE_ROUND)
     wal = tempfile.mkdtemp(prefix="asyncrl-bench-wal-")

@@ -2,7 +2,7 @@
 
 Writes a `--rows`-row parquet (default a million) and a `--small`-row one into a temporary directory
 (removed afterwards; never kept): `--distinct` arithmetic problems from the env's generator
-(asyncrl/envs/arithmetic.py), cycled to the size wanted, in row groups of `asyncrl.data.ROW_GROUP_ROWS`.
+(asyncrl/envs/arithmetic.py), cycled to the size wanted, in row groups of `asyncrl.data.rows.ROW_GROUP_ROWS`.
 Each measurement runs in a fresh Python process, as a rollout actor would:
   - stream: the driver's `open_dataset` (footer only), the handle pickled and unpickled (what Ray ships
     to each actor), `PromptSource(shard 0 of --workers)`, the first prompt drawn: `startup_s`; then
@@ -28,8 +28,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from asyncrl.data import ROW_GROUP_ROWS, read_rows
-from asyncrl.dataset import open_dataset
+from asyncrl.data.dataset import open_dataset
+from asyncrl.data.rows import ROW_GROUP_ROWS, read_rows
 from asyncrl.envs.arithmetic import generate, to_row
 from asyncrl.rollout.prompts import PromptSource
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from asyncrl.bench.rounds import MIN_ROUNDS, interleave, ratio, summary
 from asyncrl.config import load_config
-from asyncrl.controller import run as train
 from asyncrl.metrics import read_metrics
+from asyncrl.run.controller import run as train
 from asyncrl.testing import build_tiny_model
 
 

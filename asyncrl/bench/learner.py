@@ -44,8 +44,8 @@ import torch
 
 from asyncrl.bench.rounds import MIN_ROUNDS, interleave, ratio, summary
 from asyncrl.config import AlgorithmConfig, Config, CriticConfig, LoraConfig, ModelConfig
+from asyncrl.data.schema import Batch, Group, make_trajectory
 from asyncrl.learner.worker import LearnerWorker
-from asyncrl.schema import Batch, Group, make_trajectory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -33,7 +33,7 @@ import zmq.asyncio
 
 from asyncrl.buffer import protocol as P
 from asyncrl.buffer.keys import BufferEndpoint
-from asyncrl.schema import Batch, Trajectory
+from asyncrl.data.schema import Batch, Trajectory
 
 log = logging.getLogger(__name__)
 

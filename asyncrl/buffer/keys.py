@@ -24,7 +24,7 @@ from typing import Literal, Optional
 import zmq
 
 from asyncrl.config import BufferConfig
-from asyncrl.net import is_loopback
+from asyncrl.util.net import is_loopback
 
 Role = Literal["producer", "consumer"]
 ROLES: tuple[Role, ...] = ("producer", "consumer")

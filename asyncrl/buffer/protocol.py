@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 if TYPE_CHECKING:
-    from asyncrl.schema import Batch
+    from asyncrl.data.schema import Batch
 
 # request ops
 PUT, PUTS, FAIL, GET, COMMIT, VERSION, STATS = (b"PUT", b"PUTS", b"FAIL", b"GET", b"COMMIT", b"VERSION",
@@ -144,8 +144,8 @@ def batch_frames(batch_id: int, groups) -> list:
 
 
 def decode_batch(frames: list) -> Batch:
-    """Inverse of `batch_frames`: an `asyncrl.schema.Batch` (raises ValueError on a bad reply)."""
-    from asyncrl.schema import Batch, Group, Trajectory
+    """Inverse of `batch_frames`: an `asyncrl.data.schema.Batch` (raises ValueError on a bad reply)."""
+    from asyncrl.data.schema import Batch, Group, Trajectory
 
     if len(frames) != 2:
         raise ValueError(f"BATCH reply needs [header, blob], got {len(frames)} frames")

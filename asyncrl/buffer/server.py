@@ -59,8 +59,8 @@ from asyncrl.buffer.keys import BufferKeys, curve_enabled
 from asyncrl.buffer.store import BufferState, Entry
 from asyncrl.buffer.wal import WalError, WriteAheadLog, frame_parts, should_compact
 from asyncrl.config import BufferConfig
-from asyncrl.net import is_loopback
-from asyncrl.schema import SchemaError, Trajectory
+from asyncrl.data.schema import SchemaError, Trajectory
+from asyncrl.util.net import is_loopback
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from asyncrl.buffer import protocol as P
-from asyncrl.group_ids import GroupKey, parse_group_id
+from asyncrl.data.group_ids import GroupKey, parse_group_id
 
 
 @dataclass(slots=True)

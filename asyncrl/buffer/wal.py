@@ -51,7 +51,7 @@ from pathlib import Path
 
 import msgspec
 
-from asyncrl.durable import fsync_dir
+from asyncrl.util.durable import fsync_dir
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from asyncrl.engine.auth import TokenError
     from asyncrl.engine.server import serve
+    from asyncrl.util.auth import TokenError
 
     try:
         serve(args.model_path, host=args.host, port=args.port, device=args.device, dtype=args.dtype,

@@ -46,8 +46,8 @@ from typing import Any, Self
 
 import httpx
 
-from asyncrl.engine.auth import auth_headers
 from asyncrl.engine.base import GenerateResult, SamplingParams
+from asyncrl.util.auth import auth_headers
 
 log = logging.getLogger(__name__)
 

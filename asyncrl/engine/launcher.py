@@ -6,7 +6,7 @@ spawns `python -m sglang.launch_server ...` on a given (or free) port. Both retu
 `EngineProcess` with `.url`, `.pid`, `.alive()`, `.stop()` (SIGTERM, then SIGKILL after a grace
 period; the port is free once it returns). `attach(urls)` wraps running servers (stop is a no-op).
 
-The token (asyncrl/engine/auth.py): both launchers give the server this process's run token
+The token (asyncrl/util/auth.py): both launchers give the server this process's run token
 (`ensure_token`: the environment's, else a fresh one put into os.environ, so this process's senders
 and clients hold it too), never in argv. The embedded engine reads ASYNCRL_ENGINE_TOKEN from the
 environment it inherits; SGLang 0.5.23 reads keys only from its arguments (--api-key,
@@ -31,8 +31,8 @@ from typing import Any, Self
 
 import httpx
 
-from asyncrl.engine.auth import ENV, auth_headers, ensure_token
-from asyncrl.net import free_port, is_loopback
+from asyncrl.util.auth import ENV, auth_headers, ensure_token
+from asyncrl.util.net import free_port, is_loopback
 
 
 class EngineLaunchError(RuntimeError):

@@ -8,7 +8,7 @@ The weight-sync router (asyncrl.weight_sync.routes.make_router(core): the weight
 sessions and /update_weights_from_disk included) is mounted when installed.
 Every bad request gets a 400 with {"error": message}; the server keeps serving.
 
-Who may call what (asyncrl/engine/auth.py, docs/design.md "Threat model"): every route that changes
+Who may call what (asyncrl/util/auth.py, docs/design.md "Threat model"): every route that changes
 the engine (abort, pause, continue, every weight-sync POST) needs `Authorization: Bearer <token>`
 with the run's token from ASYNCRL_ENGINE_TOKEN; generation and read-only info stay open on loopback.
 A non-loopback bind needs a token, and then every route but /health needs it. Disk loads read only
@@ -31,16 +31,16 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from asyncrl.engine.auth import (
+from asyncrl.engine.protocol import BadRequest, parse_request
+from asyncrl.engine.scheduler import EngineCore
+from asyncrl.util.auth import (
     EXPOSED_OPEN,
     LOOPBACK_OPEN,
     TokenGate,
     check_bind,
     token_from_env,
 )
-from asyncrl.engine.protocol import BadRequest, parse_request
-from asyncrl.engine.scheduler import EngineCore
-from asyncrl.net import is_loopback
+from asyncrl.util.net import is_loopback
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from asyncrl.durable import fsync_dir
+from asyncrl.util.durable import fsync_dir
 
 MARKER = "COMPLETE"
 _STEP_DIR = re.compile(r"^step_(\d+)$")

@@ -18,7 +18,7 @@ from the hidden state of the position that predicts token t (the context before 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -28,8 +28,20 @@ from asyncrl.learner.gae import value_loss
 from asyncrl.learner.packing import Layout, SeqSpec, mask_argument, scatter_rows
 from asyncrl.models import load_model
 
-if TYPE_CHECKING:
-    from asyncrl.learner.worker import LearnerWorker
+
+class PolicyWorker(Protocol):
+    """What the colocated critic reads from the policy's worker (asyncrl/learner/worker.py's
+    `LearnerWorker`): its ranks, device, row layout and padding token. A protocol, so this module does not
+    import the worker that imports it."""
+
+    algo: Any
+    device: Any
+    layout: Any
+    pad_id: int
+    rank: int
+    world_size: int
+
+    def _max_over_ranks(self, n: int) -> int: ...
 
 
 class ValueModel(torch.nn.Module):
@@ -52,7 +64,7 @@ class ValueModel(torch.nn.Module):
 class Critic:
     """The critic's model, optimizer and step count on one learner rank (collective methods: every rank)."""
 
-    def __init__(self, worker: LearnerWorker):
+    def __init__(self, worker: PolicyWorker):
         self.w = worker
         self.cfg = worker.algo.critic
         model_cfg = worker.cfg.model if self.cfg.path is None else replace(worker.cfg.model, path=self.cfg.path)

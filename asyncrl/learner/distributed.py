@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from asyncrl.net import free_port
+from asyncrl.util.net import free_port
 
 
 def backend_for(device: str) -> str:

@@ -40,7 +40,6 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.config import Config
-from asyncrl.cpus import native_bf16
 from asyncrl.learner import checkpoint as ckpt
 from asyncrl.learner.advantages import compute_advantages, group_index, turn_credit_advantages
 from asyncrl.learner.critic import Critic
@@ -68,6 +67,7 @@ from asyncrl.learner.packing import (
 )
 from asyncrl.models import load_model, load_tokenizer, pad_token_id
 from asyncrl.secrets import shown_config
+from asyncrl.util.cpus import native_bf16
 from asyncrl.weight_sync.bucketing import iter_buckets
 
 

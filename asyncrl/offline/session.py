@@ -2,7 +2,7 @@
 
 No Ray, no buffer, no learner: the command composes the config (a run dir's recorded overrides first, then
 the user's), starts the env's services (e.g. the retrieval server), launches one engine on the model the
-same way a training run does (asyncrl/actors/engine.py `launch_configured`; or attaches to `engine.urls`),
+same way a training run does (asyncrl/run/engine_actor.py `launch_configured`; or attaches to `engine.urls`),
 and runs episodes through the configured agent loop with the env's own reward. Each episode gets a sampling
 seed fixed by (seed, row, sample index), so two checkpoints sample with the same seeds. The draws repeat
 exactly only where the logits do: a fresh engine running one episode at a time does; batching (whose
@@ -60,13 +60,13 @@ def prepare_model(cfg: Config, source: ModelSource, work_dir: Path, say: Callabl
 def agent_context(cfg: Config, work_dir: Path, say: Callable[[str], None]) -> Iterator[Any]:
     """Yields an AgentContext whose engine serves `cfg.model`, with the env's services running."""
     from asyncrl import registry
-    from asyncrl.actors.engine import launch_configured
-    from asyncrl.agent_loop.base import AgentContext
-    from asyncrl.cpus import available_cpus
+    from asyncrl.agents.base import AgentContext
     from asyncrl.engine.client import EngineClient
-    from asyncrl.env_api import resolve_env
+    from asyncrl.envs.base import resolve_env
     from asyncrl.models import load_tokenizer, resolve_model_dir
-    from asyncrl.net import free_port
+    from asyncrl.run.engine_actor import launch_configured
+    from asyncrl.util.cpus import available_cpus
+    from asyncrl.util.net import free_port
 
     registry.load_all(cfg.plugins)
     env = resolve_env(cfg.env.name)
@@ -97,7 +97,7 @@ class EpisodeResult:
     sample_index: int
     seed: int
     row: dict[str, Any]
-    trajectory: Any = None  # asyncrl.schema.Trajectory, None when the episode failed
+    trajectory: Any = None  # asyncrl.data.schema.Trajectory, None when the episode failed
     error: str = ""
     seconds: float = 0.0
 
@@ -124,8 +124,8 @@ async def run_rows(ctx: Any, agent: str, rows: list[tuple[int, dict[str, Any]]],
                    concurrency: int, on_row: Callable[[int, list[EpisodeResult]], Optional[Awaitable[None]]]) -> None:
     """Run `n` episodes of each (data_index, row), at most `concurrency` at once; `on_row(data_index, results)`
     when a row's n episodes are all done (in completion order). A failed episode is a result with `error`."""
-    from asyncrl.agent_loop.base import run_episode
-    from asyncrl.env_api import Sample
+    from asyncrl.agents.base import run_episode
+    from asyncrl.envs.base import Sample
 
     sem = asyncio.Semaphore(concurrency)
 
@@ -158,9 +158,9 @@ def load_split(cfg: Config, split: str, limit: Optional[int] = None, data_file: 
     """(data_index, row) of the split's first `limit` rows (all by default), or of `data_file`, each row
     checked here: bad rows are an OfflineError naming up to five of them, before any engine starts."""
     from asyncrl import registry
-    from asyncrl.data import DataError
-    from asyncrl.dataset import open_dataset
-    from asyncrl.env_api import load_rows, resolve_env
+    from asyncrl.data.dataset import open_dataset
+    from asyncrl.data.rows import DataError
+    from asyncrl.envs.base import load_rows, resolve_env
 
     registry.load_all(cfg.plugins)
     try:

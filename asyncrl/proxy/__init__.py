@@ -7,5 +7,5 @@
 - `replies`: OpenAI's reply and stream-chunk shapes;
 - `server`: `ProxyServer`, the HTTP app on loopback and its per-episode API keys.
 
-`agents/openai_agent.py` (agent `openai_agent`) runs the user's agent against it.
+`asyncrl/agents/openai_agent.py` (agent `openai_agent`) runs the user's agent against it.
 """

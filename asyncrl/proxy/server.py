@@ -31,12 +31,12 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from asyncrl.agent_loop.chat import ChatFormat
-from asyncrl.agent_loop.tool_calls import resolve_parser
+from asyncrl.agents.chat import ChatFormat
+from asyncrl.agents.tool_calls import resolve_parser
 from asyncrl.config import AgentConfig
 from asyncrl.engine.base import Generator, SamplingParams
 from asyncrl.engine.server import bind_socket
-from asyncrl.net import is_loopback
+from asyncrl.util.net import is_loopback
 
 from . import replies
 from .errors import OpenAIError, bad

@@ -24,9 +24,9 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from asyncrl.agent_loop.chat import ChatFormat
-from asyncrl.agent_loop.trajectory_builder import TrajectoryBuilder
-from asyncrl.schema import Trajectory
+from asyncrl.agents.chat import ChatFormat
+from asyncrl.agents.trajectory_builder import TrajectoryBuilder
+from asyncrl.data.schema import Trajectory
 
 from .requests import Message
 

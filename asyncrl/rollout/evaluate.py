@@ -13,7 +13,7 @@ from typing import Any
 import ray
 
 from asyncrl.config import Config
-from asyncrl.env_api import Sample
+from asyncrl.envs.base import Sample
 
 
 def pass_at_k(rewards_by_prompt: list[list[float]], threshold: float = 1.0) -> float:
@@ -28,7 +28,7 @@ def pass_at_k(rewards_by_prompt: list[list[float]], threshold: float = 1.0) -> f
 
 async def evaluate_rows(ctx: Any, rows: list[dict[str, Any]], k: int, agent: str, concurrency: int = 16,
                         tag: str = "eval") -> dict[str, float]:
-    from asyncrl.agent_loop.base import run_episode
+    from asyncrl.agents.base import run_episode
 
     sem = asyncio.Semaphore(concurrency)
 
@@ -55,7 +55,7 @@ class EvalActor:
     async def evaluate(self, version: int) -> dict[str, float]:
         if self.ctx is None:
             from asyncrl import registry
-            from asyncrl.agent_loop.base import AgentContext
+            from asyncrl.agents.base import AgentContext
             from asyncrl.engine.client import EngineClient
             from asyncrl.models import load_tokenizer
 

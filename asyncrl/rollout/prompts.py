@@ -8,7 +8,7 @@ dropped unserved), so a prompt issued again after a crash or on resume produces 
 uids and the buffer stores them once, while a retry is a new group (the buffer has closed the old one)
 and another run's prompts never share an id with this run's (the run id is asyncrl/run_dir.py's).
 
-Rows come from a `Dataset` (asyncrl/dataset.py; a plain list is wrapped as rows built in memory),
+Rows come from a `Dataset` (asyncrl/data/dataset.py; a plain list is wrapped as rows built in memory),
 read one at a time: only the current epoch's permutation is held, an int64 array of N entries
 (8 MB at a million rows). A row that fails validation when drawn gives a draw with `error` set
 (the worker fails that group's episodes with it, naming the file and row), or, when the dataset
@@ -24,9 +24,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from asyncrl.data import DataError
-from asyncrl.dataset import Dataset
-from asyncrl.group_ids import group_id
+from asyncrl.data.dataset import Dataset
+from asyncrl.data.group_ids import group_id
+from asyncrl.data.rows import DataError
 from asyncrl.run_dir import check_run_id
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from typing import Any, Optional
 import msgspec
 
 from asyncrl.config import RewardModelConfig
-from asyncrl.schema import Trajectory
+from asyncrl.data.schema import Trajectory
 
 
 class RewardModelError(RuntimeError):

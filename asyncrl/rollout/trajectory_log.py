@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncrl.schema import Trajectory
+from asyncrl.data.schema import Trajectory
 
 FILE_GLOB = "trajectories-w*.jsonl"
 

@@ -31,17 +31,17 @@ from pathlib import Path
 from typing import Any, Optional
 
 from asyncrl.config import Config
-from asyncrl.data import DataError
-from asyncrl.dataset import Dataset
+from asyncrl.data.dataset import Dataset
+from asyncrl.data.group_ids import parse_group_id
+from asyncrl.data.job_state import EpisodeError, RolloutPosition, RolloutState
+from asyncrl.data.rows import DataError
+from asyncrl.data.schema import NonFiniteRewardError
 from asyncrl.engine.base import GenerateResult, Generator, SamplingParams
-from asyncrl.env_api import Sample
-from asyncrl.group_ids import parse_group_id
-from asyncrl.job_state import EpisodeError, RolloutPosition, RolloutState
+from asyncrl.envs.base import Sample
 from asyncrl.rollout.admission import StalenessGate
 from asyncrl.rollout.prompts import PromptDraw, PromptSource
 from asyncrl.rollout.reward_model import RewardModelError
 from asyncrl.rollout.trajectory_log import TrajectoryLog
-from asyncrl.schema import NonFiniteRewardError
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class RolloutWorker:
         """`reward_scorer`: the discriminative reward model (`async score_conversations(list of messages)
         -> scores`: a SequenceScorer or the client of its actor), when
         reward_model.kind=discriminative; a generative judge is built here on `engine`."""
-        from asyncrl.agent_loop.base import AgentContext
+        from asyncrl.agents.base import AgentContext
         from asyncrl.buffer.client import AsyncBufferProducer
 
         self.cfg, self.worker_id, self.num_workers = cfg, worker_id, num_workers
@@ -220,7 +220,7 @@ class RolloutWorker:
 
     async def _run_group(self, draw: PromptDraw) -> None:
         n = self.cfg.algorithm.n_samples
-        if draw.error:  # a bad row (asyncrl/dataset.py validates it when drawn): its episodes fail, not the run
+        if draw.error:  # a bad row (asyncrl/data/dataset.py validates it when drawn): its episodes fail, not the run
             await self._fail_group(draw, DataError(draw.error), n)
             return
         samples = [Sample.from_row(draw.row, data_index=draw.data_index, group_id=draw.group_id,
@@ -244,7 +244,7 @@ class RolloutWorker:
         self.counts["groups_done"] += 1
 
     async def _run_episode(self, sample: Sample) -> None:
-        from asyncrl.agent_loop.base import run_episode_chains
+        from asyncrl.agents.base import run_episode_chains
 
         async with self._episodes:
             attempt, outage_s, error = 0, 0.0, None

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from asyncrl.data import DataError
+from asyncrl.data.rows import DataError
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -87,7 +87,7 @@ def check_row(row: Any, index: int) -> dict[str, Any]:
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """Every row of a JSONL or parquet file, checked (`check_row`); the first bad one is a DataError."""
-    from asyncrl.data import iter_file
+    from asyncrl.data.rows import iter_file
 
     p = Path(path)
     if not p.is_file():
@@ -107,8 +107,8 @@ def render_conversation(tokenizer: Any, agent_cfg: Any, row: dict[str, Any], uid
     """The checked row as a Trajectory (module docstring): loss mask 1 exactly on the assistant turns' tokens.
     A conversation longer than agent.max_response_tokens (or a turn over agent.max_turn_tokens) is a
     DataError: cut, it would teach the model to stop mid-answer."""
-    from asyncrl.agent_loop.chat import ChatFormat
-    from asyncrl.agent_loop.trajectory_builder import TrajectoryBuilder
+    from asyncrl.agents.chat import ChatFormat
+    from asyncrl.agents.trajectory_builder import TrajectoryBuilder
     from asyncrl.sft.demos import DemoCall, DemoTurn, render_turn
 
     messages, tools = row["messages"], row["tools"]

@@ -24,26 +24,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from asyncrl.engine.base import GenerateResult, SamplingParams
+from asyncrl.envs.base import DemoError, DemoTurn
 
 HERMES_PARSERS = ("hermes", "qwen3")  # formats whose calls are <tool_call>{"name", "arguments"}</tool_call>
-
-
-@dataclass
-class DemoCall:
-    name: str
-    arguments: dict[str, Any]
-
-
-@dataclass
-class DemoTurn:
-    """One assistant turn of a demonstration: its text and the tool calls it makes (after the text)."""
-
-    content: str
-    tool_calls: list[DemoCall] = field(default_factory=list)
-
-
-class DemoError(ValueError):
-    """A row that cannot be demonstrated (the env cannot solve it, or its solution did not earn full reward)."""
 
 
 def render_turn(turn: DemoTurn, parser: str) -> str:
@@ -114,9 +97,9 @@ async def make_demos(ctx: Any, env: Any, rows: list[tuple[int, dict[str, Any]]],
                      concurrency: int = 8) -> DemoReport:
     """Play each row's demonstration through `agent` over a TeacherEngine (see the module docstring).
     `ctx`: an AgentContext whose tools and reward are the env's; its engine is replaced here."""
-    from asyncrl.agent_loop.base import run_episode
-    from asyncrl.agent_loop.chat import ChatFormat
-    from asyncrl.env_api import Sample
+    from asyncrl.agents.base import run_episode
+    from asyncrl.agents.chat import ChatFormat
+    from asyncrl.envs.base import Sample
 
     stop = ChatFormat(ctx.tokenizer).stop_token_ids()[0]
     teacher = TeacherEngine(ctx.tokenizer, stop)
@@ -168,7 +151,7 @@ async def make_demos(ctx: Any, env: Any, rows: list[tuple[int, dict[str, Any]]],
 def demonstrate(cfg: Any, env: Any, rows: list[tuple[int, dict[str, Any]]]) -> DemoReport:
     """`make_demos` for a run's config (asyncrl.config.Config): the env's services running (search_r1's
     retrieval server), the configured agent, tools, reward and the model's tokenizer."""
-    from asyncrl.agent_loop.base import AgentContext
+    from asyncrl.agents.base import AgentContext
     from asyncrl.models import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model)

@@ -113,7 +113,7 @@ def schedule(n_rows: int, epochs: int, batch: int, seed: int) -> list[list[int]]
 
 def main(args: argparse.Namespace) -> int:
     from asyncrl.config import ConfigError, load_config
-    from asyncrl.data import DataError
+    from asyncrl.data.rows import DataError
     from asyncrl.models import load_tokenizer
     from asyncrl.sft.data import read_rows, render_conversation
 
@@ -139,7 +139,7 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError, DataError) as e:
         print(f"asyncrl sft: {e}", file=sys.stderr)
         return 2
-    from asyncrl.stop_signals import interrupted, stopping_on_signals
+    from asyncrl.util.stop_signals import interrupted, stopping_on_signals
 
     with stopping_on_signals() as got:
         try:

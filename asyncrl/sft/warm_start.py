@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from asyncrl.config import Config, to_dict
-from asyncrl.env_api import Env, can_demonstrate
+from asyncrl.envs.base import Env, can_demonstrate
 from asyncrl.run_dir import timestamp_name
 from asyncrl.sft.demos import HERMES_PARSERS
 

@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
-from asyncrl.net import free_port, is_loopback
+from asyncrl.util.net import free_port, is_loopback
 from asyncrl.weight_sync.bucketing import dtype_name, flat_groups, metas_of, pack, parse_dtype
 from asyncrl.weight_sync.engine_http import EngineHTTP
 from asyncrl.weight_sync.errors import WeightMismatchError, WeightSyncError

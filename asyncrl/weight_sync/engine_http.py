@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from asyncrl.engine.auth import ENV, auth_headers
+from asyncrl.util.auth import ENV, auth_headers
 from asyncrl.weight_sync.errors import WeightSyncError
 
 

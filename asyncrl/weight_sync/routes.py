@@ -13,7 +13,7 @@ update parameter online: ..."); HTTP 400 with an error object and no "success" f
 request. /update_weights_from_disk adds "num_paused_requests". weight_version is a string.
 
 Who may call them: the server this router is mounted on (asyncrl/engine/server.py) puts the token
-gate (asyncrl/engine/auth.py) in front of every POST here; /update_weights_from_disk reads only below
+gate (asyncrl/util/auth.py) in front of every POST here; /update_weights_from_disk reads only below
 `weights_roots` (HTTP 403 otherwise), and /update_weights_from_tensor unpickles with the tensor-only
 unpickler (safe_unpickle.py).
 

@@ -8,7 +8,7 @@ emit for tensors and storages (torch/multiprocessing/reductions.py), the tensor 
 everything else is refused before it is called. This is SGLang 0.5.23's `SafeUnpickler`
 (srt/utils/common.py) narrowed to tensors: SGLang also admits stdlib helpers (functools.partial,
 _codecs.encode, ...) and its own request structs, which a tensor payload never needs. The route stays
-behind the token as well (asyncrl/engine/auth.py): the allowlist is a second wall, not the first.
+behind the token as well (asyncrl/util/auth.py): the allowlist is a second wall, not the first.
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncrl.agent_loop.base import AgentContext
+from asyncrl.agents.base import AgentContext
 from asyncrl.config import AgentConfig
-from asyncrl.env_api import Sample
-from asyncrl.tooling.loader import load_tool_specs
+from asyncrl.envs.base import Sample
+from asyncrl.tools.loader import load_tool_specs
 
 
 class RecordingReward:

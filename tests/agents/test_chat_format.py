@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from asyncrl.agent_loop.chat import ChatFormat, hermes_tools_text
+from asyncrl.agents.chat import ChatFormat, hermes_tools_text
 
 SCHEMA = {"type": "function", "function": {"name": "calculator", "description": "math",
                                             "parameters": {"type": "object", "properties": {}}}}

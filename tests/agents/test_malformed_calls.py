@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from asyncrl.agent_loop.base import run_episode
-from asyncrl.agent_loop.tool_runner import truncate_middle
-from asyncrl.tooling.base import Tool, ToolError
+from asyncrl.agents.base import run_episode
+from asyncrl.agents.tool_runner import truncate_middle
+from asyncrl.tools.base import Tool, ToolError
 
 from .helpers import call, enc, make_ctx, make_sample
 from .scripted_engine import ScriptedEngine

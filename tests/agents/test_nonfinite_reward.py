@@ -10,12 +10,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from asyncrl.agent_loop.base import run_episode
+from asyncrl.agents.base import run_episode
 from asyncrl.buffer.client import AsyncBufferProducer, BufferError
 from asyncrl.buffer.server import BufferService
 from asyncrl.config import AgentConfig, BufferConfig, Config, EnvConfig, ModelConfig, RewardConfig
-from asyncrl.env_api import Sample
-from asyncrl.schema import Array, NonFiniteRewardError
+from asyncrl.data.schema import Array, NonFiniteRewardError
+from asyncrl.envs.base import Sample
 
 from .helpers import make_ctx, make_sample
 from .scripted_engine import ScriptedEngine

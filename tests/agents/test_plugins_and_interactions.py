@@ -6,10 +6,10 @@ import textwrap
 
 import pytest
 
-from asyncrl.agent_loop.base import run_episode
+from asyncrl.agents.base import run_episode
 from asyncrl.config import InteractionSpec, ToolSpec, load_config
 from asyncrl.envs.interactions import AnswerFeedback, answers_match, extract_answer
-from asyncrl.tooling.loader import ToolConfigError, load_tool_specs, make_tools
+from asyncrl.tools.loader import ToolConfigError, load_tool_specs, make_tools
 
 from .helpers import call, enc, make_ctx, make_sample
 from .scripted_engine import ScriptedEngine
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(60)
 
 USER_TOOL = textwrap.dedent('''
     from asyncrl.registry import register
-    from asyncrl.tooling.base import Tool
+    from asyncrl.tools.base import Tool
 
     @register("tool", "reverse_words_user")
     class ReverseWords(Tool):

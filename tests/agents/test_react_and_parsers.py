@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.agent_loop.base import run_episode
+from asyncrl.agents.base import run_episode
 from asyncrl.agents.parsers import HermesParser, ReactParser, get_parser
 
 from .helpers import enc, make_ctx, make_sample

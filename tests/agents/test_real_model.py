@@ -19,7 +19,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from asyncrl.agent_loop.base import run_episode
+from asyncrl.agents.base import run_episode
 from asyncrl.config import SamplingConfig
 from asyncrl.engine import launcher
 from asyncrl.engine.base import GenerateResult, SamplingParams

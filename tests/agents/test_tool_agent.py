@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from asyncrl.agent_loop.base import run_episode
+from asyncrl.agents.base import run_episode
 
 from .helpers import call, enc, make_ctx, make_sample
 from .scripted_engine import ScriptedEngine, scripted_logprob

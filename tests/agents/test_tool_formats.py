@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.agent_loop.tool_calls import UnknownToolFormat, parser_for_template, resolve_parser
 from asyncrl.agents.parsers import (
     DeepSeekV3Parser,
     HermesParser,
@@ -20,7 +19,8 @@ from asyncrl.agents.parsers import (
     Qwen3Parser,
     ReactParser,
 )
-from asyncrl.tooling.base import SchemaDefinitionError, check_parameters_schema, validate_arguments
+from asyncrl.agents.tool_calls import UnknownToolFormat, parser_for_template, resolve_parser
+from asyncrl.tools.base import SchemaDefinitionError, check_parameters_schema, validate_arguments
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 # template file -> (the parser auto must choose, the end-of-turn text the engine stops at)

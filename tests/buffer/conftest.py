@@ -12,7 +12,7 @@ import pytest
 
 from asyncrl.buffer.server import BufferService
 from asyncrl.config import BufferConfig
-from asyncrl.schema import make_trajectory
+from asyncrl.data.schema import make_trajectory
 
 
 def traj(uid: str, group_id: str, version: int = 0, group_size: int = 1, n: int = 4, reward: float = 1.0,

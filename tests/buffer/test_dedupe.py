@@ -11,7 +11,7 @@ from asyncrl.buffer import protocol as P
 from asyncrl.buffer.client import AsyncBufferProducer, BufferError
 from asyncrl.buffer.server import decode_put
 from asyncrl.buffer.store import BufferState, IntervalSet
-from asyncrl.schema import encode
+from asyncrl.data.schema import encode
 
 from .conftest import traj
 

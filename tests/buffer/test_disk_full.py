@@ -21,8 +21,8 @@ from asyncrl.buffer import protocol as P
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer
 from asyncrl.buffer.diskspace import RESERVE_NAME, free_bytes
 from asyncrl.buffer.wal import WAL_NAME, BadRange, scan
-from asyncrl.net import free_port
-from asyncrl.schema import encode
+from asyncrl.data.schema import encode
+from asyncrl.util.net import free_port
 
 from .conftest import traj
 

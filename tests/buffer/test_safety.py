@@ -18,7 +18,7 @@ from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer
 from asyncrl.buffer.keys import BufferKeys
 from asyncrl.buffer.server import BufferConfigError, BufferService
 from asyncrl.config import BufferConfig
-from asyncrl.net import is_loopback
+from asyncrl.util.net import is_loopback
 
 from .conftest import traj
 

@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer
-from asyncrl.net import free_port
-from asyncrl.schema import encode
+from asyncrl.data.schema import encode
+from asyncrl.util.net import free_port
 
 from .conftest import traj
 

@@ -12,8 +12,8 @@ from asyncrl.buffer import protocol as P
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer, BufferError
 from asyncrl.buffer.server import BufferConfigError, BufferService
 from asyncrl.config import BufferConfig
-from asyncrl.net import free_port
-from asyncrl.schema import encode
+from asyncrl.data.schema import encode
+from asyncrl.util.net import free_port
 
 from .conftest import traj, wait_until
 

@@ -15,7 +15,7 @@ import pytest
 
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer, BufferError
 from asyncrl.buffer.wal import WAL_NAME
-from asyncrl.net import free_port
+from asyncrl.util.net import free_port
 from tests.buffer.conftest import traj
 
 LOG_LIMIT = 64 << 10  # bytes: the service's process may not grow a file past this
@@ -127,7 +127,7 @@ def test_supervisor_stops_the_run_when_the_buffer_actor_reports_its_error(tmp_pa
 
     from asyncrl.buffer.actor import BufferActor
     from asyncrl.config import BufferConfig
-    from asyncrl.supervisor import BufferFailed, Supervisor
+    from asyncrl.run.supervisor import BufferFailed, Supervisor
 
     started = not ray.is_initialized()
     if started:

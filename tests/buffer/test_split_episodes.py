@@ -9,7 +9,7 @@ from asyncrl.buffer import protocol as P
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer
 from asyncrl.buffer.server import decode_put
 from asyncrl.buffer.store import BufferState
-from asyncrl.schema import SchemaError, encode, make_trajectory
+from asyncrl.data.schema import SchemaError, encode, make_trajectory
 
 GID = "r1-g0"
 

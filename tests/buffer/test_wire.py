@@ -6,7 +6,7 @@ import numpy as np
 
 from asyncrl.buffer.protocol import ServedGroup, batch_frames, decode_batch
 from asyncrl.buffer.server import decode_put
-from asyncrl.schema import Array, Batch, Trajectory, decode, encode
+from asyncrl.data.schema import Array, Batch, Trajectory, decode, encode
 
 from .conftest import traj
 

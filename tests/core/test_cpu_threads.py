@@ -2,7 +2,7 @@
 
 import pytest
 
-from asyncrl.cpus import available_cpus, cpu_threads
+from asyncrl.util.cpus import available_cpus, cpu_threads
 
 
 @pytest.mark.parametrize("mode,cpus,engines,ranks,want", [

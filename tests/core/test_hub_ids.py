@@ -11,7 +11,7 @@ from huggingface_hub import constants
 
 from asyncrl.config import Config, ModelConfig
 from asyncrl.models import ModelNotFoundError, resolve_model_dir
-from asyncrl.preflight import check_model
+from asyncrl.run.preflight import check_model
 
 
 def _cache_with(cache: Path, repo: str, model_dir: Path) -> Path:

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from asyncrl.job_state import JobState, RolloutPosition, RolloutState, StepResult
+from asyncrl.data.job_state import JobState, RolloutPosition, RolloutState, StepResult
 
 
 def test_job_state_round_trips_through_builtins_and_pickle():

@@ -84,8 +84,8 @@ def test_a_budgeted_run_shows_the_budget_as_its_eta(tmp_path, capsys, monkeypatc
 
 
 def test_waiting_line_counts_groups_and_episodes():
-    from asyncrl.controller import waiting_line
-    from asyncrl.job_state import RolloutPosition, RolloutState
+    from asyncrl.data.job_state import RolloutPosition, RolloutState
+    from asyncrl.run.controller import waiting_line
 
     states = [RolloutState(worker_id=i, position=RolloutPosition(), episodes=5, episodes_failed=i) for i in range(2)]
     assert waiting_line(3, 20, 4, {"groups_complete": 9}, states) == \

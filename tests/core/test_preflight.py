@@ -1,4 +1,4 @@
-"""Preflight (asyncrl/preflight.py): each mistake is one line naming the bad value, found before
+"""Preflight (asyncrl/run/preflight.py): each mistake is one line naming the bad value, found before
 anything starts. The check functions are called directly with hostile inputs; `asyncrl train` is
 run in-process (the real entry point, `asyncrl.cli.main`) for each mistake, and as a subprocess
 where the process itself is the point: that Ray is never imported and nothing is written."""
@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.agent_loop.base import resolve_agent
+from asyncrl.agents.base import resolve_agent
 from asyncrl.cli import main as cli_main
 from asyncrl.config import InteractionSpec, load_config
-from asyncrl.env_api import Sample
-from asyncrl.preflight import (
+from asyncrl.envs.base import Sample
+from asyncrl.rollout.prompts import PromptSource
+from asyncrl.run.preflight import (
     PreflightError,
     check_model,
     check_names,
@@ -28,8 +29,7 @@ from asyncrl.preflight import (
     prompt_lengths,
     too_long,
 )
-from asyncrl.rollout.prompts import PromptSource
-from asyncrl.tooling.loader import load_tool_specs, tool_schemas
+from asyncrl.tools.loader import load_tool_specs, tool_schemas
 
 
 def _row(content: str = "What is 2 + 3?", **top) -> dict:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.tooling.base import ToolError
-from asyncrl.tooling.loader import load_tool_specs, make_tools
+from asyncrl.tools.base import ToolError
+from asyncrl.tools.loader import load_tool_specs, make_tools
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from asyncrl.report import ReportError, panel_keys, read_records, series, write_report
+from asyncrl.commands.report import ReportError, panel_keys, read_records, series, write_report
 
 
 def _write(run, records, tail=""):

@@ -1,5 +1,5 @@
 """`asyncrl train` stops cleanly on Ctrl-C (SIGINT) and on SIGTERM: both go through one handler
-(asyncrl/stop_signals.py), which raises KeyboardInterrupt and records the signal (exit status 128 + signum).
+(asyncrl/util/stop_signals.py), which raises KeyboardInterrupt and records the signal (exit status 128 + signum).
 
 The whole stop on SIGINT (checkpoint, every child stopped, exit 128 + SIGINT, in a run started with
 SIGINT ignored) is proven on a real run by tests/e2e/test_train.py; this proves, in a real process,
@@ -14,7 +14,7 @@ import sys
 
 CHILD = """
 import signal
-from asyncrl.stop_signals import stop_on_signals
+from asyncrl.util.stop_signals import stop_on_signals
 got = stop_on_signals()
 try:
     print("ready", flush=True)

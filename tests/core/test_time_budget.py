@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asyncrl.controller import next_step_fits
+from asyncrl.run.controller import next_step_fits
 
 
 def test_no_budget_always_fits():

@@ -1,4 +1,4 @@
-"""The command line of `asyncrl train` (asyncrl/train_args.py, train_help.py, console_log.py, sweep.py
+"""The command line of `asyncrl train` (asyncrl/commands/train_args.py, train_help.py, console_log.py, sweep.py
 planning) and `asyncrl --version`: what a Hydra or verl user types either works or is refused by name."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import sys
 import pytest
 import yaml
 
+from asyncrl.commands.sweep import hydra_quoted, plan, run_name
+from asyncrl.commands.train_args import TrainArgsError, expand_sweep, parse_train_args
+from asyncrl.commands.train_help import COMMON_KEYS, describe, field_comments
 from asyncrl.config import group_options, load_config
 from asyncrl.console_log import ConsoleLog, write_overrides
 from asyncrl.secrets import REDACTED
-from asyncrl.sweep import hydra_quoted, plan, run_name
-from asyncrl.train_args import TrainArgsError, expand_sweep, parse_train_args
-from asyncrl.train_help import COMMON_KEYS, describe, field_comments
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.controller import settle
-from asyncrl.job_state import EpisodeError, RolloutPosition, RolloutState
-from asyncrl.watchdog import Watchdog
+from asyncrl.data.job_state import EpisodeError, RolloutPosition, RolloutState
+from asyncrl.run.controller import settle
+from asyncrl.run.watchdog import Watchdog
 
 
 def state(worker_id=0, recent=0, failed=0, errors=(), skipped=0, dropped=0) -> RolloutState:

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from asyncrl.data import DataError, _check_command, check_rows, iter_file, read_rows, validate_row, write_rows
+from asyncrl.commands.data import _check_command
+from asyncrl.data.rows import DataError, check_rows, iter_file, read_rows, validate_row, write_rows
 
 GOOD = {
     "data_source": "arithmetic",

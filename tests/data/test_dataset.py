@@ -1,4 +1,4 @@
-"""Streamed datasets (asyncrl/dataset.py): the reader gives exactly the rows `to_pylist` gives, holds at most
+"""Streamed datasets (asyncrl/data/dataset.py): the reader gives exactly the rows `to_pylist` gives, holds at most
 its configured number of decoded blocks, ships as a small handle, and a damaged file or a missing column
 is an error naming the file when it is opened; a bad row is an error naming file and row when drawn."""
 
@@ -14,12 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from asyncrl import preflight as preflight_module
 from asyncrl.cli import main as cli_main
-from asyncrl.data import DataError, normalize_row, write_rows
-from asyncrl.dataset import Dataset, open_dataset
-from asyncrl.preflight import check_training_sample
+from asyncrl.data.dataset import Dataset, open_dataset
+from asyncrl.data.rows import DataError, normalize_row, write_rows
 from asyncrl.rollout.prompts import PromptSource
+from asyncrl.run import preflight as preflight_module
+from asyncrl.run.preflight import check_training_sample
 
 
 def _row(i: int) -> dict:

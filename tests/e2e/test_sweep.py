@@ -1,4 +1,4 @@
-"""`asyncrl train -m`: a real two-point sweep on the tiny model (asyncrl/sweep.py)."""
+"""`asyncrl train -m`: a real two-point sweep on the tiny model (asyncrl/commands/sweep.py)."""
 
 from __future__ import annotations
 

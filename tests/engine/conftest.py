@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from asyncrl.engine.auth import auth_headers
+from asyncrl.util.auth import auth_headers
 
 
 def build_untied(tiny_model_dir, out, seed: int):

@@ -1,4 +1,4 @@
-"""The engine's control surface needs the run's token (asyncrl/engine/auth.py, docs/design.md "Threat
+"""The engine's control surface needs the run's token (asyncrl/util/auth.py, docs/design.md "Threat
 model"): hostile callers on a real embedded engine (tiny model, real socket) are refused and change
 nothing; pickles that would run code are refused even with the token; disk loads stay inside the
 engine's weight roots; a non-loopback bind without a token never serves."""
@@ -20,8 +20,9 @@ import httpx
 import pytest
 import torch
 
-from asyncrl.actors.engine import paused, probe
-from asyncrl.engine.auth import (
+from asyncrl.engine.launcher import answers, launch_embedded
+from asyncrl.run.engine_actor import paused, probe
+from asyncrl.util.auth import (
     ENV,
     TokenError,
     auth_headers,
@@ -31,8 +32,7 @@ from asyncrl.engine.auth import (
     make_token,
     token_from_env,
 )
-from asyncrl.engine.launcher import answers, launch_embedded
-from asyncrl.net import is_loopback
+from asyncrl.util.net import is_loopback
 from asyncrl.weight_sync import WeightSender, WeightSyncError
 from asyncrl.weight_sync.disk import DiskTransport
 from asyncrl.weight_sync.safe_unpickle import UnsafePayload, load_named_tensors

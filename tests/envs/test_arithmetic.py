@@ -9,9 +9,9 @@ import pytest
 
 from asyncrl.cli import main
 from asyncrl.config import EnvConfig
-from asyncrl.data import read_rows, validate_row
-from asyncrl.env_api import resolve_env
+from asyncrl.data.rows import read_rows, validate_row
 from asyncrl.envs.arithmetic import ArithmeticEnv, generate
+from asyncrl.envs.base import resolve_env
 
 
 def _cfg(**kw) -> EnvConfig:

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from asyncrl.config import EnvConfig, RewardConfig
-from asyncrl.env_api import resolve_reward_fn, score
+from asyncrl.envs.base import resolve_reward_fn, score
 
 REWARDS = textwrap.dedent('''
     import asyncio

@@ -11,7 +11,7 @@ import pytest
 
 from asyncrl.cli import main
 from asyncrl.config import EnvConfig
-from asyncrl.data import read_rows, write_rows
+from asyncrl.data.rows import read_rows, write_rows
 from asyncrl.envs.gsm8k import GSM8KEnv, convert, gold_from_solution
 
 RECORDS = [

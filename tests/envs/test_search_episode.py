@@ -18,14 +18,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from asyncrl.agent_loop.base import AgentContext, run_episode
+from asyncrl.agents.base import AgentContext, run_episode
 from asyncrl.config import AgentConfig, EnvConfig, ToolSpec
 from asyncrl.engine.base import GenerateResult, SamplingParams
 from asyncrl.engine.client import EngineClient
 from asyncrl.engine.launcher import launch_embedded
-from asyncrl.env_api import Sample, resolve_reward_fn
+from asyncrl.envs.base import Sample, resolve_reward_fn
 from asyncrl.envs.search_r1.env import SearchR1Env
-from asyncrl.tooling.loader import load_tool_specs
+from asyncrl.tools.loader import load_tool_specs
 
 
 class ForcedPolicy:

@@ -13,7 +13,7 @@ import pytest
 
 from asyncrl.cli import main
 from asyncrl.config import EnvConfig, RetrieverConfig
-from asyncrl.data import read_rows, validate_row
+from asyncrl.data.rows import read_rows, validate_row
 from asyncrl.envs.search_r1.corpus import load_corpus, make_world, split_questions, write_corpus
 from asyncrl.envs.search_r1.env import SearchR1Env, corpus_for, generate
 from asyncrl.envs.search_r1.launcher import start_retriever

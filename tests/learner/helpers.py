@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from asyncrl.config import AgentConfig, AlgorithmConfig, Config, ModelConfig, SamplingConfig, TrainerConfig
-from asyncrl.schema import Batch, Group, make_trajectory
+from asyncrl.data.schema import Batch, Group, make_trajectory
 
 
 def make_batch(seed: int = 0, groups: int = 2, per_group: int = 2, prompt=(3, 8), response=(2, 10),

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from asyncrl import cpus
 from asyncrl.learner import worker as worker_mod
 from asyncrl.learner.packing import specs_of
+from asyncrl.util import cpus
 from tests.learner.helpers import make_batch, make_cfg
 
 

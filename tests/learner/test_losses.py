@@ -148,7 +148,7 @@ def test_stale_tokens_with_nothing_correcting_them_are_refused_unless_allowed():
 
 def test_preflight_names_an_unknown_loss_or_estimator_and_the_guardrail(tmp_path):
     from asyncrl.config import Config
-    from asyncrl.preflight import check_names
+    from asyncrl.run.preflight import check_names
 
     problems = check_names(Config(algorithm=AlgorithmConfig(loss="gspoo", adv_estimator="grpoo")))
     text = "\n".join(problems)

@@ -9,8 +9,8 @@ import msgspec
 import pytest
 
 from asyncrl.config import AlgorithmConfig, ConfigError
+from asyncrl.data.schema import NonFiniteRewardError, SchemaError, Trajectory, make_trajectory
 from asyncrl.learner.advantages import earned_before, turn_credit_advantages
-from asyncrl.schema import NonFiniteRewardError, SchemaError, Trajectory, make_trajectory
 
 EPS = 1e-6
 
@@ -87,8 +87,8 @@ def test_reward_positions_are_checked_and_survive_the_wire():
 def test_turn_credit_trains_the_real_model_with_per_token_advantages(tiny_model_dir):
     """One train_step with turn_credit on: the advantage of the tokens before a placed reward differs from
     the tokens after it, and the step runs (forward, backward, optimizer) on the real tiny model."""
+    from asyncrl.data.schema import Batch, Group
     from asyncrl.learner.worker import LearnerWorker, placed_rewards
-    from asyncrl.schema import Batch, Group
     from tests.learner.helpers import make_batch, make_cfg
 
     batch = make_batch(seed=4, groups=2, per_group=2)

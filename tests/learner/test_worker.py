@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
+from asyncrl.data.schema import Batch, Group, make_trajectory
 from asyncrl.engine.sampling import token_logprobs
 from asyncrl.learner.checkpoint import CheckpointError
 from asyncrl.learner.packing import specs_of
-from asyncrl.schema import Batch, Group, make_trajectory
 from tests.learner.helpers import make_batch, make_cfg
 
 REPO = Path(__file__).resolve().parents[2]

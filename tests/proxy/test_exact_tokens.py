@@ -8,7 +8,7 @@ ChatML delta, the mask is 1 on generated ids only, versions per token.
 
 from __future__ import annotations
 
-from asyncrl.agent_loop.chat import ChatFormat
+from asyncrl.agents.chat import ChatFormat
 from asyncrl.engine.base import SamplingParams
 from tests.engine.conftest import post
 

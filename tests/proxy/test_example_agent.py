@@ -9,10 +9,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from asyncrl.agent_loop.base import AgentContext, run_episode
+from asyncrl.agents.base import AgentContext, run_episode
 from asyncrl.agents.openai_agent import stop_proxy
 from asyncrl.config import EnvConfig, OpenAIAgentConfig, ToolSpec
-from asyncrl.env_api import Sample, resolve_env, resolve_reward_fn
+from asyncrl.envs.base import Sample, resolve_env, resolve_reward_fn
 from asyncrl.envs.search_r1.env import SearchR1Env
 from tests.agents.scripted_engine import ScriptedEngine
 

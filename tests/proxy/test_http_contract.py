@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from asyncrl.agent_loop.chat import ChatFormat
+from asyncrl.agents.chat import ChatFormat
 from asyncrl.proxy.server import ProxyServer
 from tests.agents.scripted_engine import ScriptedEngine
 

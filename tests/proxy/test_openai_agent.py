@@ -12,10 +12,10 @@ import httpx
 import openai
 import pytest
 
-from asyncrl.agent_loop.base import AgentContext, run_episode, run_episode_chains
+from asyncrl.agents.base import AgentContext, run_episode, run_episode_chains
 from asyncrl.agents.openai_agent import OpenAIAgentError, stop_proxy
 from asyncrl.config import OpenAIAgentConfig
-from asyncrl.env_api import Sample
+from asyncrl.envs.base import Sample
 from tests.agents.helpers import RecordingReward
 
 from .conftest import agent_cfg

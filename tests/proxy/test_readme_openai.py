@@ -6,7 +6,7 @@ import re
 import shlex
 from pathlib import Path
 
-from asyncrl.agent_loop.base import AgentContext, run_episode
+from asyncrl.agents.base import AgentContext, run_episode
 from asyncrl.agents.openai_agent import check_config, stop_proxy
 from asyncrl.config import load_config
 from tests.agents.helpers import RecordingReward, make_sample

@@ -1,6 +1,6 @@
 import pytest
 
-from asyncrl.group_ids import GroupKey, group_id, parse_group_id
+from asyncrl.data.group_ids import GroupKey, group_id, parse_group_id
 from asyncrl.rollout.prompts import PromptSource
 from asyncrl.run_dir import check_run_id, new_run_id
 

@@ -18,6 +18,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, LlamaForS
 from asyncrl.buffer.client import BufferConsumer
 from asyncrl.buffer.server import BufferService
 from asyncrl.config import BufferConfig, ConfigError, RewardModelConfig, load_config
+from asyncrl.data.schema import make_trajectory
 from asyncrl.rollout.reward_model import (
     GenerativeJudge,
     RewardModel,
@@ -28,7 +29,6 @@ from asyncrl.rollout.reward_model import (
     parse_verdict,
 )
 from asyncrl.rollout.worker import RolloutWorker
-from asyncrl.schema import make_trajectory
 from tests.agents.scripted_engine import ScriptedEngine
 
 from .worker_harness import controller_round, stop

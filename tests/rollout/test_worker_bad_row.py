@@ -12,7 +12,7 @@ import pytest
 from asyncrl.buffer.client import BufferConsumer
 from asyncrl.buffer.server import BufferService
 from asyncrl.config import BufferConfig, load_config
-from asyncrl.dataset import open_dataset
+from asyncrl.data.dataset import open_dataset
 from asyncrl.rollout.worker import RolloutWorker
 from tests.agents.scripted_engine import ScriptedEngine
 

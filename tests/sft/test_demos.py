@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from asyncrl import cli
-from asyncrl.agent_loop.base import AgentContext
+from asyncrl.agents.base import AgentContext
 from asyncrl.config import load_config
-from asyncrl.env_api import resolve_env
+from asyncrl.envs.base import resolve_env
 from asyncrl.sft.demos import DemoCall, DemoError, DemoTurn, make_demos, render_turn
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,10 +9,10 @@ import signal
 import pytest
 import torch
 
-from asyncrl.agent_loop.base import AgentContext
+from asyncrl.agents.base import AgentContext
 from asyncrl.config import AgentConfig, load_config
-from asyncrl.data import DataError
-from asyncrl.env_api import resolve_env
+from asyncrl.data.rows import DataError
+from asyncrl.envs.base import resolve_env
 from asyncrl.sft import trainer
 from asyncrl.sft.data import check_row, read_rows, render_conversation
 from asyncrl.sft.demos import make_demos

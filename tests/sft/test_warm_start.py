@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl import controller
 from asyncrl.config import load_config
-from asyncrl.env_api import resolve_env
-from asyncrl.preflight import PreflightError, preflight
+from asyncrl.envs.base import resolve_env
+from asyncrl.run import controller
+from asyncrl.run.preflight import PreflightError, preflight
 from asyncrl.run_dir import RunRecord, RunStart
 from asyncrl.sft import trainer
 from asyncrl.sft.warm_start import WarmStartError, run_warm_start, why_not
@@ -96,7 +96,7 @@ def test_preflight_refuses_a_warm_start_that_cannot_run_and_says_when_auto_runs_
 
 
 def test_an_env_without_demonstrations_is_named_and_bad_settings_are_refused_at_load(tiny_model_dir, tmp_path):
-    from asyncrl.env_api import Env
+    from asyncrl.envs.base import Env
 
     class NoDemos(Env):
         name = "no_demos_env"

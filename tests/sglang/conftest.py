@@ -40,7 +40,7 @@ else:
     # the header SGLang accepts, and test_control_routes_need_the_token sees SGLang's refusals.
     from sglang.srt.utils.auth import add_api_key_middleware
 
-    from asyncrl.engine.auth import ensure_token
+    from asyncrl.util.auth import ensure_token
 
     add_api_key_middleware(http_server.app, api_key=None, admin_api_key=ensure_token())
 
@@ -180,7 +180,7 @@ class SGLangApp:
     def __init__(self, tm: RecordingTokenizerManager):
         import uvicorn
 
-        from asyncrl.net import free_port
+        from asyncrl.util.net import free_port
 
         self.tm = tm
         http_server.set_global_state(http_server._GlobalState(tokenizer_manager=tm, template_manager=None,

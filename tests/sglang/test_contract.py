@@ -8,10 +8,10 @@ import asyncio
 import httpx
 import pytest
 
-from asyncrl.engine.auth import auth_headers
 from asyncrl.engine.base import SamplingParams
 from asyncrl.engine.client import EngineClient
 from asyncrl.engine.launcher import answers
+from asyncrl.util.auth import auth_headers
 from tests.sglang.conftest import skip_without_sglang
 
 pytestmark = [pytest.mark.sglang, skip_without_sglang]

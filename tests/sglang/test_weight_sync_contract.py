@@ -22,10 +22,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from asyncrl.engine.auth import auth_headers
 from asyncrl.engine.base import SamplingParams
 from asyncrl.engine.client import EngineClient
 from asyncrl.engine.launcher import launch_embedded
+from asyncrl.util.auth import auth_headers
 from asyncrl.weight_sync import WeightMismatchError, WeightSender
 from asyncrl.weight_sync.disk import DiskTransport
 from asyncrl.weight_sync.distributed import GroupTransport

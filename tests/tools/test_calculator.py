@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.tooling.base import ToolError, validate_arguments
+from asyncrl.tools.base import ToolError, validate_arguments
 from asyncrl.tools.calculator import Calculator, evaluate, format_number
 
 

@@ -8,8 +8,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from asyncrl.agent_loop.base import run_episode
-from asyncrl.tooling.base import ToolError
+from asyncrl.agents.base import run_episode
+from asyncrl.tools.base import ToolError
 from asyncrl.tools.search import SearchTool, format_hits
 
 from ..agents.helpers import call, make_ctx, make_sample

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 from textual.widgets import DataTable, Input, Static
 
-from asyncrl.agent_loop.base import run_episode
+from asyncrl.agents.base import run_episode
 from asyncrl.rollout.trajectory_log import TrajectoryLog, trajectory_record
 from asyncrl.view.app import DetailScreen, GroupScreen, ViewerApp, safe
 from asyncrl.view.records import FilterError, RunReader, parse_filter

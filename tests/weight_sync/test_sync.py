@@ -23,10 +23,10 @@ import pytest
 import torch
 
 from asyncrl.config import Config, ModelConfig, WeightSyncConfig
-from asyncrl.engine.auth import auth_headers
 from asyncrl.engine.base import SamplingParams
 from asyncrl.engine.client import EngineClient
 from asyncrl.engine.launcher import launch_embedded
+from asyncrl.util.auth import auth_headers
 from asyncrl.weight_sync import WeightMismatchError, WeightSender, WeightSyncError, make_sender
 from asyncrl.weight_sync.bucketing import iter_buckets
 from asyncrl.weight_sync.disk import DiskTransport

@@ -1,0 +1,167 @@
+"""The contracts between a dataset row, an environment and the rollout side.
+
+A dataset row follows verl's parquet schema: `data_source`, `prompt` (chat messages), `ability`,
+`reward_model.ground_truth`, `extra_info` (with optional `tools_kwargs` and `interaction_kwargs`)
+and an optional `agent_name`. `Sample` is one such row prepared for one episode of a group.
+
+An env plugin (`@register("env", name)`) is a subclass of `Env`: it builds datasets and scores
+final answers. A custom reward (`env.reward.path=file.py env.reward.name=fn`) replaces the env's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from asyncrl import registry
+from asyncrl.data.dataset import Dataset, open_dataset
+
+
+@dataclass
+class DemoCall:
+    """One tool call of a demonstration turn: the tool's name and its arguments."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class DemoTurn:
+    """One assistant turn of a demonstration: its text and the tool calls it makes (after the text)."""
+
+    content: str
+    tool_calls: list[DemoCall] = field(default_factory=list)
+
+
+class DemoError(ValueError):
+    """A row that cannot be demonstrated (the env cannot solve it, or its solution did not earn full reward)."""
+
+
+
+@dataclass
+class Sample:
+    """One episode's input: a dataset row plus its place in a GRPO group."""
+
+    uid: str
+    group_id: str
+    group_size: int
+    sample_index: int
+    data_index: int
+    messages: list[dict[str, Any]]
+    ground_truth: Any = None
+    data_source: str = ""
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    agent_name: Optional[str] = None
+    # a fixed sampling seed for the episode (offline evaluation: the same seed for the same row and sample
+    # index, whatever the checkpoint); its assistant turn t samples with seed + t. None: the engine's own
+    sampling_seed: Optional[int] = None
+
+    @property
+    def tools_kwargs(self) -> dict[str, Any]:
+        return dict(self.extra_info.get("tools_kwargs") or {})
+
+    @property
+    def interaction_kwargs(self) -> Optional[dict[str, Any]]:
+        kw = self.extra_info.get("interaction_kwargs")
+        return dict(kw) if kw else None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any], *, data_index: int, group_id: str, sample_index: int,
+                 group_size: int) -> Sample:
+        prompt = row["prompt"]
+        messages = [dict(m) for m in (list(prompt) if not isinstance(prompt, str) else [{"role": "user", "content": prompt}])]
+        reward_model = row.get("reward_model") or {}
+        return cls(
+            uid=f"{group_id}-{sample_index}",
+            group_id=group_id,
+            group_size=group_size,
+            sample_index=sample_index,
+            data_index=data_index,
+            messages=messages,
+            ground_truth=reward_model.get("ground_truth"),
+            data_source=row.get("data_source") or "",
+            extra_info=dict(row.get("extra_info") or {}),
+            agent_name=row.get("agent_name") or None,
+        )
+
+
+class Env:
+    """Base class of environment plugins. Subclasses set `name` and implement `build` and `reward`."""
+
+    name: str = ""
+
+    def build(self, cfg: Any, split: str) -> list[dict[str, Any]]:
+        """Rows in verl's schema for `split` ("train" or "val"); deterministic in `cfg.seed`."""
+        raise NotImplementedError
+
+    def reward(self, *, final_text: str, ground_truth: Any, extra_info: dict[str, Any],
+               tool_rewards: list[float], turn_rewards: list[float]) -> float | dict[str, Any]:
+        """Score one finished episode: a float, or a dict with `score` (and any extra metrics)."""
+        raise NotImplementedError
+
+    def demo_turns(self, row: dict[str, Any]) -> list[Any]:
+        """How to solve `row`: the assistant turns (`DemoTurn`: text and tool calls) of a
+        demonstration, checked by playing them through the agent loop. Optional: an env without it has no
+        `asyncrl data <env> --demos`."""
+        raise NotImplementedError(f"env {self.name!r} has no demonstrations (it does not implement demo_turns)")
+
+    def check_demo(self, row: dict[str, Any], messages: list[dict[str, Any]]) -> Optional[str]:
+        """Beyond the full reward, why a played demonstration (the agent loop's `messages`) is not a good one,
+        or None (the default: the reward's verdict is enough)."""
+        return None
+
+    def services(self, cfg: Any) -> Any:
+        """A context manager that starts what the env needs (e.g. a retrieval server) and yields a
+        dict of tool config updates {tool_name: {key: value}}; the default needs nothing."""
+        return contextlib.nullcontext({})
+
+
+async def score(reward_fn: Any, **kwargs: Any) -> tuple[float, dict[str, float]]:
+    """Call a sync or async reward function; return (score, extra numeric metrics)."""
+    result = reward_fn(**kwargs)
+    if inspect.isawaitable(result):
+        result = await result
+    if isinstance(result, dict):
+        if "score" not in result:
+            raise ValueError(f"reward function {getattr(reward_fn, '__name__', reward_fn)} returned a dict without 'score': {result}")
+        extra = {k: float(v) for k, v in result.items() if k != "score" and isinstance(v, (int, float, bool))}
+        return float(result["score"]), extra
+    if isinstance(result, bool) or not isinstance(result, (int, float)):
+        raise TypeError(f"reward function {getattr(reward_fn, '__name__', reward_fn)} returned {result!r}; expected a float or a dict with 'score'")
+    return float(result), {}
+
+
+def can_demonstrate(env: Any) -> bool:
+    """Whether an env (a class or an instance) implements `Env.demo_turns`: what `asyncrl data <env> --demos`
+    and the warm start need."""
+    cls = env if isinstance(env, type) else type(env)
+    return getattr(cls, "demo_turns", None) not in (None, Env.demo_turns)
+
+
+def resolve_env(name: str) -> Env:
+    cls = registry.get("env", name)
+    return cls() if isinstance(cls, type) else cls
+
+
+def resolve_reward_fn(env_cfg: Any) -> Any:
+    """The custom reward named in `env.reward` (file.py + function, or a registered reward), else the env's."""
+    r = env_cfg.reward
+    if r.path:
+        if not r.name:
+            raise ValueError(f"env.reward.path={r.path!r} needs env.reward.name (the function in that file)")
+        return registry.resolve_object(f"{r.path}:{r.name}")
+    if r.name:
+        return registry.get("reward", r.name)
+    return resolve_env(env_cfg.name).reward
+
+
+def load_rows(cfg: Any, env: Env, split: str) -> Dataset:
+    """Rows of `split` ("train" or "val") as a `Dataset` (a Sequence of rows, see asyncrl/data/dataset.py):
+    the configured parquet/jsonl file if one is named, opened without reading its rows (a missing
+    file, a damaged footer or a missing column is a DataError naming it), else the rows the env builds."""
+    path = cfg.env.train_file if split == "train" else cfg.env.val_file
+    if path:
+        return open_dataset(path, skip_bad=cfg.env.skip_bad_rows)
+    return Dataset.from_rows(env.build(cfg.env, split), skip_bad=cfg.env.skip_bad_rows)

@@ -1,0 +1,306 @@
+"""`asyncrl train`: wire buffer, engines, rollout workers and learner together, then watch versions.
+
+The controller does no heavy work. Per step: the learner's rank 0 takes a batch from the buffer,
+all ranks train on it (the step's `StepResult` carries the learner's new version, the trained uids
+and the metrics), the new weights go to the engines, and then the version is published to the
+buffer and the rollout workers (which admit new prompts by it). Between waits the supervisor checks
+that every rollout worker and engine is alive and restarts the ones that are not, the groups the buffer
+dropped unserved go back to their workers (their budget returned, their prompts issued again), and
+the watchdog (asyncrl/run/watchdog.py) judges progress: a run that trains nothing for
+`trainer.stall_timeout_s`, or whose recent episodes fail above `trainer.max_failed_episode_fraction`,
+stops with a checkpoint (if a step was trained since the last one) and a diagnosis.
+
+Every run ends with a summary (printed, and `summary.json` in the output dir) and an exit status that
+says how it ended: 0 completed, nothing skipped (all `trainer.total_steps`, or the steps that started within
+`trainer.max_minutes`, which the summary's exit_reason then counts); 3 completed, but prompts or optimizer steps were skipped; 4 stopped by the
+watchdog (the diagnosis is the last line on stderr); 128 + signum interrupted; 1 crashed (an exception);
+2 config error (before this module runs) or a run directory this start may not use (held by a live run's
+lock, or holding another run's state without `trainer.resume=auto`: asyncrl/run_dir.py), decided before
+anything is started.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from asyncrl import registry
+from asyncrl.config import Config
+from asyncrl.console_log import ConsoleLog, write_overrides
+from asyncrl.learner.checkpoint import checkpoint_version, checkpoints_root, prune_checkpoints
+from asyncrl.metrics import MetricsLogger
+from asyncrl.run.fleet import Fleet, load_rows
+from asyncrl.run.watchdog import Verdict, Watchdog
+from asyncrl.run_dir import RunDirError, RunLock, RunStart, VersionLog, describe_holder, prepare_run, run_dir
+from asyncrl.secrets import shown_config, withhold_env
+from asyncrl.util.auth import ENV as ENGINE_TOKEN_ENV
+from asyncrl.util.auth import ensure_token
+from asyncrl.util.stop_signals import stop_on_signals
+
+log = logging.getLogger("asyncrl")
+
+EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_SKIPPED, EXIT_WATCHDOG = 0, 1, 2, 3, 4
+
+
+class RunStopped(Exception):
+    """The watchdog stopped the run; `verdict` says why."""
+
+    def __init__(self, verdict: Verdict):
+        super().__init__(verdict.diagnosis)
+        self.verdict = verdict
+
+
+def run(cfg: Config, rows: list[dict] | None = None, overrides: list[str] | None = None) -> int:
+    """Train; `rows`: the training rows as preflight checked them (None: load them here); `overrides`: the
+    command line as typed, recorded in the run dir with the console log (asyncrl/console_log.py)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    secret_env = withhold_env()  # before anything is started: no child inherits WANDB_API_KEY
+    out = run_dir(cfg.trainer.output_dir, cfg.trainer.run_name)
+    out.mkdir(parents=True, exist_ok=True)
+    # the run owns its directory from here to its exit: a second run on it stops here, before anything
+    # expensive; whatever the previous run left is settled by prepare_run (resumed, refused, or moved aside)
+    lock = RunLock(out)
+    try:
+        if (dead := lock.acquire()) is not None:
+            log.warning("took over the lock of %s in %s: that process is gone", describe_holder(dead), out)
+        wal_dir = Path(cfg.buffer.wal_dir).resolve() if cfg.buffer.wal_dir else out / "buffer"
+        start = prepare_run(out, wal_dir, cfg.trainer.resume)
+        lock.set_run_id(start.run_id)
+        if start.resume_from is not None:
+            log.info("resuming run %s from step %d (version %d) in %s", start.run_id,
+                     int(start.resume_from.name.split("_")[1]), checkpoint_version(start.resume_from), out)
+    except RunDirError as e:
+        lock.release()
+        print(f"asyncrl train: {e}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    except BaseException:
+        lock.release()  # emptied: a crash here is no dead holder for the next start to report
+        raise
+    try:
+        write_overrides(out, list(overrides or []))
+        with ConsoleLog(out, list(secret_env.values())):
+            return _run(cfg, rows, out, start, secret_env)
+    finally:
+        lock.release()
+
+
+def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secret_env: dict) -> int:
+    started = time.monotonic()  # trainer.max_minutes counts from here, the warm start included
+    # engines load weights from disk only below the run's directories: absolute, whatever an actor's cwd
+    cfg.trainer.output_dir = str(out)
+    disk_dir = cfg.trainer.weight_sync.disk_dir
+    cfg.trainer.weight_sync.disk_dir = str(Path(disk_dir).resolve() if disk_dir else out / "weight_sync")
+    # the run's engine token (the user's ASYNCRL_ENGINE_TOKEN for attached engines, else a fresh one):
+    # a local Ray instance's workers inherit this process's environment; a joined cluster's get it
+    # through the job's runtime_env (never argv, the config or a log line)
+    token = ensure_token()
+    joins = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    runtime_env = {"env_vars": {ENGINE_TOKEN_ENV: token}} if joins else None
+    registry.load_all(cfg.plugins)
+    from asyncrl.envs.base import resolve_env
+
+    env = resolve_env(cfg.env.name)
+    rows = load_rows(cfg, env, "train") if rows is None else rows
+    stop_signal = stop_on_signals()
+    warm, ended = _warm_start(cfg, env, rows, out, start, stop_signal)
+    if ended is not None:
+        return ended
+    (out / "config.json").write_text(json.dumps(shown_config(cfg), indent=2))  # model.path: what RL starts from
+    budget = (f"; time budget {cfg.trainer.max_minutes:g} min from the start, warm start included "
+              f"(trainer.max_minutes; 0: none)" if cfg.trainer.max_minutes else "")
+    log.info("run %s in %s; %d training prompts; mode %s, max_staleness %d%s", start.run_id, out, len(rows),
+             cfg.trainer.mode, cfg.algorithm.max_staleness, budget)
+    ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, include_dashboard=False,
+             ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING, runtime_env=runtime_env)
+    deadline = started + 60 * cfg.trainer.max_minutes if cfg.trainer.max_minutes else None
+    metrics = MetricsLogger(out, wandb_mode=cfg.trainer.wandb, project=cfg.trainer.wandb_project,
+                            config=shown_config(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps,
+                            secret_env=secret_env, run_name=start.run_id,
+                            budget_ends_at=None if deadline is None else time.time() + deadline - time.monotonic())
+    fleet = Fleet(cfg, out, rows, start.run_id)
+    ending = {"exit_code": EXIT_ERROR, "exit_reason": "crashed", "diagnosis": "",
+              **({"warm_start": warm.summary} if warm is not None else {})}
+    try:
+        with env.services(cfg.env) as tool_overrides:
+            fleet.start(tool_overrides, resume_from=start.resume_from, highest_published=start.record.highest_version,
+                        status=metrics.status)
+            train_loop(cfg, fleet, metrics, out, VersionLog(out, start.record), deadline)
+        ending.update(exit_code=EXIT_OK, exit_reason=completed_reason(cfg, fleet.step))
+    except RunStopped as e:
+        ending.update(exit_code=EXIT_WATCHDOG, exit_reason=f"stopped by the watchdog ({e.verdict.kind})",
+                      diagnosis=e.verdict.diagnosis)
+        log.error("stopping: %s", e.verdict.diagnosis)
+        if fleet.step > fleet.last_checkpoint_step:
+            try:
+                fleet.checkpoint(checkpoints_root(out))
+            except Exception as ce:  # the stop goes on: its reason matters more than this checkpoint
+                log.error("the checkpoint before stopping failed: %r", ce)
+    except KeyboardInterrupt:
+        log.warning("interrupted: shutting down%s", " after a checkpoint" if cfg.trainer.checkpoint_every else "")
+        signum = stop_signal.get("signum", signal.SIGINT)
+        ending.update(exit_code=128 + signum, exit_reason=f"interrupted ({signal.Signals(signum).name})")
+        if cfg.trainer.checkpoint_every and fleet.step > fleet.last_checkpoint_step:
+            fleet.checkpoint(checkpoints_root(out))
+    except BaseException as e:
+        ending.update(exit_reason=f"crashed: {e!r}"[:500])
+        raise
+    finally:
+        try:
+            counts = fleet.summary()
+        except Exception as e:  # the summary must not keep the run's parts from being stopped
+            log.error("could not collect the run's summary: %r", e)
+            counts = {}
+        summary = settle(ending, counts)
+        fleet.shutdown()
+        metrics.close()
+        ray.shutdown()
+        _report(out, summary)
+    return summary["exit_code"]
+
+
+def _warm_start(cfg: Config, env: Any, rows: Any, out: Path, start: RunStart,
+                stop_signal: dict) -> tuple[Any, int | None]:
+    """The warm start before RL (asyncrl/sft/warm_start.py); on success `cfg.model.path` is its model.
+    Returns (the WarmStart or None, None), or (None, the exit status) for a run that ends here: the
+    warm start failed (1), was interrupted (128 + signum) or crashed (1, re-raised), with a summary."""
+    from asyncrl.sft.warm_start import WarmStartError, run_warm_start
+
+    try:
+        warm = run_warm_start(cfg, env, rows, out, resuming_rl=start.resume_from is not None)
+    except WarmStartError as e:
+        ending = {"exit_code": EXIT_ERROR, "exit_reason": "the warm start failed", "diagnosis": str(e)}
+    except KeyboardInterrupt:
+        signum = stop_signal.get("signum", signal.SIGINT)
+        ending = {"exit_code": 128 + signum, "exit_reason": f"interrupted ({signal.Signals(signum).name}) during "
+                  f"the warm start (trainer.resume=auto on {out} resumes its SFT)", "diagnosis": ""}
+    except BaseException as e:
+        _report(out, settle({"exit_code": EXIT_ERROR, "exit_reason": f"crashed in the warm start: {e!r}"[:500],
+                             "diagnosis": ""}, {}))
+        raise
+    else:
+        if warm is not None:
+            cfg.model.path = str(warm.model)
+        return warm, None
+    _report(out, settle(ending, {}))
+    return None, ending["exit_code"]
+
+
+def waiting_line(step: int, total: int, batch_groups: int, buffer: dict[str, Any], states: list[Any]) -> str:
+    """What the progress shows while the learner waits for its next batch."""
+    episodes = sum(s.episodes for s in states)
+    failed = sum(s.episodes_failed for s in states)
+    line = (f"step {step}/{total}: waiting for a batch: {min(buffer.get('groups_complete', 0), batch_groups)}/"
+            f"{batch_groups} groups complete, {episodes} episodes stored")
+    return line + (f", {failed} failed" if failed else "")
+
+
+def settle(ending: dict[str, Any], counts: dict[str, Any]) -> dict[str, Any]:
+    """The run's summary: how it ended and what it did. A run that completed but skipped prompts or optimizer
+    steps (non-finite loss or gradient norm) exits 3."""
+    summary = {**ending, **counts}
+    skipped = [f"{summary[k]} {what} skipped" for k, what in (("prompts_skipped", "prompts"),
+                                                               ("optimizer_steps_skipped", "optimizer steps"))
+               if summary.get(k)]
+    if summary["exit_code"] == EXIT_OK and skipped:
+        summary.update(exit_code=EXIT_SKIPPED, exit_reason="completed, " + ", ".join(skipped))
+    return summary
+
+
+def _report(out: Path, summary: dict[str, Any]) -> None:
+    """The run's summary as summary.json and one line on stdout; a watchdog's diagnosis last on stderr."""
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    n = {k: "?" if summary.get(k) is None else summary[k] for k in ("steps_trained", "episodes", "episodes_failed", "prompts_skipped",
+                                         "groups_dropped_stale", "groups_dropped_failed", "worker_restarts",
+                                         "engine_restarts")}
+    print(f"asyncrl train: {summary['exit_reason']} (exit {summary['exit_code']}): {n['steps_trained']} steps "
+          f"trained; {n['episodes']} episodes stored, {n['episodes_failed']} failed; {n['prompts_skipped']} prompts "
+          f"skipped; groups dropped unserved: {n['groups_dropped_stale']} stale, {n['groups_dropped_failed']} all "
+          f"failed; {n['worker_restarts']} worker and {n['engine_restarts']} engine restarts; summary in "
+          f"{out / 'summary.json'}", flush=True)
+    if summary["diagnosis"]:
+        print(f"asyncrl train: stopped: {summary['diagnosis']}", file=sys.stderr, flush=True)
+
+
+def completed_reason(cfg: Config, steps: int) -> str:
+    """How a run that was not stopped ended: all its steps, or as many as trainer.max_minutes allowed."""
+    t = cfg.trainer
+    if steps >= t.total_steps:
+        return "completed"
+    return f"completed at the time budget (trainer.max_minutes={t.max_minutes:g}): {steps} of {t.total_steps} steps"
+
+
+def next_step_fits(now: float, deadline: float | None, step_seconds: list[float]) -> bool:
+    """Whether a step started at `now` is expected to end by `deadline` (None: no budget): it takes the median of
+    the run's steps so far (the first, which waits for the first rollouts, is an outlier), the first step
+    nothing (it always starts while time is left)."""
+    if deadline is None:
+        return True
+    expected = statistics.median(step_seconds) if step_seconds else 0.0
+    return now + expected <= deadline and now < deadline
+
+
+def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, versions: VersionLog,
+               deadline: float | None = None) -> None:
+    """Train until trainer.total_steps, or until the next step is not expected to end by `deadline`
+    (time.monotonic(); `next_step_fits`); then checkpoint and export final/."""
+    ckpt_dir = checkpoints_root(out)
+    t = cfg.trainer
+    watchdog = Watchdog(stall_timeout_s=t.stall_timeout_s, max_failed_fraction=t.max_failed_episode_fraction,
+                        window=t.failed_episode_window, now=time.monotonic())
+
+    def watch() -> None:
+        verdict = watchdog.observe(time.monotonic(), fleet.step, fleet.worker_states())
+        if verdict.stop:
+            raise RunStopped(verdict)
+        waiting()
+
+    def waiting() -> None:
+        metrics.status(waiting_line(fleet.step + 1, t.total_steps, t.batch_groups, fleet.buffer_stats(),
+                                    fleet.worker_states()))
+
+    step_seconds: list[float] = []
+    with open(out / "trained_uids.jsonl", "a") as uids_file:
+        while fleet.step < cfg.trainer.total_steps:
+            if not next_step_fits(time.monotonic(), deadline, step_seconds):
+                log.info("trainer.max_minutes=%g: %s after %d of %d steps; ending the run", t.max_minutes,
+                         "the next step would end past the budget" if step_seconds else "the budget is spent",
+                         fleet.step, t.total_steps)
+                break
+            t0 = time.perf_counter()
+            waiting()
+            batch, waited = fleet.next_batch(watch)  # restarts dead workers/engines, returns budget, watches
+            trained_from = fleet.version  # the policy version the batch's gradients were taken at
+            result = fleet.train(batch)
+            versions.publishing(result.version)  # durable before any engine holds these weights
+            uids_file.write(json.dumps({"step": fleet.step, "version": trained_from, "uids": result.trained_uids})
+                            + "\n")
+            uids_file.flush()
+            stats = {**result.metrics, **fleet.sync_weights()}
+            fleet.publish_version(result.version)  # after the sync: engines hold it before anyone admits by it
+            step_seconds.append(time.perf_counter() - t0)
+            stats.update(fleet.rollout_metrics(), **{"learner/idle_fraction": waited / step_seconds[-1],
+                                                     "step_seconds": step_seconds[-1],
+                                                     "version": fleet.version})
+            metrics.log(fleet.step, stats)
+            watch()  # failing episodes stop a run that still forms batches too
+            if cfg.trainer.eval_every and fleet.step % cfg.trainer.eval_every == 0:
+                fleet.start_eval()
+            for step, ev in fleet.finished_evals():
+                metrics.log(step, ev)
+            if cfg.trainer.checkpoint_every and fleet.step % cfg.trainer.checkpoint_every == 0:
+                fleet.checkpoint(ckpt_dir)
+                prune_checkpoints(ckpt_dir, cfg.trainer.keep_checkpoints)
+    if fleet.step > fleet.last_checkpoint_step:
+        fleet.checkpoint(ckpt_dir)
+    for step, ev in fleet.finished_evals(wait=True):
+        metrics.log(step, ev)
+    fleet.export(out / "final")

@@ -1,0 +1,189 @@
+"""LearnerGroup: the learner ranks as one object on the driver (slime's RayTrainGroup, for asyncrl).
+
+Every learner operation but fetching a batch is collective (FSDP gathers, DCP checkpoints, the
+weight broadcast), so a call must reach every rank once, and the ranks answer alike or only rank 0
+holds the answer. `_all` is the one place that fans a call out and returns rank 0's result; the
+methods below only name the call. `fetch_batch` goes to rank 0 alone (it owns the buffer consumer).
+
+A lost rank stops the run: the ranks' process group has a timeout (`trainer.learner_timeout_s`, so a
+rank blocked in a collective with a dead peer gives up), and `_gather` raises `LearnerRankLost`
+("learner rank 1 died (...): resume with trainer.resume=auto") as soon as any rank's actor is gone,
+without waiting for the ranks still blocked. A rank's own exception is re-raised as itself (its
+cause, not Ray's wrapper), unless another rank died meanwhile (then that is the cause reported).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from asyncrl.buffer.keys import BufferEndpoint
+from asyncrl.config import Config
+from asyncrl.data.job_state import JobState, StepResult
+
+DEATH_GRACE_S = 30.0  # after one rank fails, how long to look for a rank that died (the root cause)
+
+
+class LearnerRankLost(RuntimeError):
+    """A learner rank's process is gone: the group cannot go on (its collectives need every rank)."""
+
+
+class RankGroup:
+    """Ranks of one role (Ray actors in one process group) as one object: `_all` fans a call out once to
+    every rank and returns rank 0's result; `_gather` waits, naming a lost rank by role (module docstring)."""
+
+    role = "learner"
+    actors: list[Any]
+    _setup: list[Any]
+
+    def wait_ready(self) -> None:
+        """Return once every rank has set up (its model loaded, its process group formed); a rank that
+        failed or died raises here."""
+        if self._setup:
+            refs, self._setup = self._setup, []
+            self._gather(refs)
+
+    def _all(self, method: str, *args: Any, timeout_s: Optional[float] = None) -> Any:
+        """Call `method(*args)` on every rank once; rank 0's result."""
+        return self._gather([getattr(a, method).remote(*args) for a in self.actors], timeout_s)[0]
+
+    def _gather(self, refs: list[Any], timeout_s: Optional[float] = None) -> list[Any]:
+        """Every rank's result (refs[r] is rank r's call); the first failure ends the wait (see the
+        module docstring). A `timeout_s` that passes raises ray's GetTimeoutError."""
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=timeout_s)
+            if not done:
+                raise ray.exceptions.GetTimeoutError(f"{self.role} ranks did not answer within {timeout_s}s")
+            try:
+                ray.get(done[0])
+            except RayActorError as e:
+                raise _lost(self.role, refs.index(done[0]), e) from None
+            except RayTaskError as e:
+                died = _dead_rank(self.role, refs, pending)
+                if died is not None:
+                    raise died from None
+                raise (e.cause if isinstance(e.cause, Exception) else e) from None
+        return ray.get(list(refs))
+
+    def kill(self) -> None:
+        for a in self.actors:
+            try:
+                ray.kill(a)
+            except Exception:
+                pass
+
+
+class LearnerGroup(RankGroup):
+    def __init__(self, cfg: Config, buffer: BufferEndpoint, threads: Optional[int] = None):
+        """`buffer`: the consumer's endpoint (its CURVE key pair, if any), handed to rank 0 alone."""
+        from asyncrl.run.learner_actor import LearnerActor
+        from asyncrl.util.net import free_port
+
+        port, n = free_port(), cfg.trainer.learner_ranks
+        self.actors = [LearnerActor.remote(cfg, r, n, "127.0.0.1", port) for r in range(n)]
+        # set-up runs while the caller starts other parts (the engines); wait_ready() waits for it
+        self._setup = [a.setup.remote(buffer if r == 0 else None, threads) for r, a in enumerate(self.actors)]
+
+    def fetch_batch(self, timeout_s: float) -> Any:
+        """Rank 0: the next batch for the learner's current version, or None after `timeout_s`."""
+        return self._gather([self.actors[0].fetch_batch.remote(timeout_s)])[0]
+
+    def train_step(self, batch: Any, critic_values: Any = None, critic_steps: int = 0) -> StepResult:
+        """Train on `batch`; with a critic on its own ranks, its values of the batch and its step count."""
+        return self._all("train_step", batch, critic_values, critic_steps)
+
+    def sync_weights(self) -> dict[str, float]:
+        """Send the learner's weights, as its own version, to the connected engines."""
+        return self._all("sync_weights")
+
+    def connect_engines(self, engine_urls: list[str]) -> None:
+        self._all("connect_engines", engine_urls)
+
+    def close_sender(self, timeout_s: Optional[float] = None) -> None:
+        """Leave the weight-sync group (before its engines go)."""
+        self._all("close_sender", timeout_s=timeout_s)
+
+    def save_checkpoint(self, path: str, job: JobState) -> list[int]:
+        return self._all("save_checkpoint", path, job)
+
+    def load_checkpoint(self, path: str, highest_published: int = 0) -> tuple[JobState, int]:
+        """The checkpoint's job state and the learner's restored policy version (new weights are numbered
+        above `highest_published`, the highest version the run ever published)."""
+        return self._all("load_checkpoint", path, highest_published)
+
+    def export(self, out_dir: str) -> None:
+        self._all("export", out_dir)
+
+    def version(self) -> int:
+        """The policy version the learner holds now (its owner's answer, not a copy)."""
+        return self._gather([self.actors[0].version.remote()])[0]
+
+
+def _dead_rank(role: str, refs: list[Any], pending: list[Any]) -> Optional[LearnerRankLost]:
+    """Within DEATH_GRACE_S: the LearnerRankLost of a rank (its index in `refs`) among the `pending`
+    calls whose actor died, if one did."""
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1, timeout=DEATH_GRACE_S)
+        if not done:
+            return None
+        try:
+            ray.get(done[0])
+        except RayActorError as e:
+            return _lost(role, refs.index(done[0]), e)
+        except RayTaskError:
+            pass
+    return None
+
+
+def _lost(role: str, rank: int, e: BaseException) -> LearnerRankLost:
+    first = (str(e).strip().splitlines() or [""])[0][:300]
+    return LearnerRankLost(f"{role} rank {rank} died ({type(e).__name__}: {first}): the run stops; resume from "
+                           "the last checkpoint with trainer.resume=auto")
+
+
+class CriticGroup(RankGroup):
+    """The critic's own ranks (algorithm.critic.placement=separate; asyncrl/run/critic_actor.py). A step is
+    `values(batch)` before the learner's step, then `start_update(...)` with the learner's GAE targets, which
+    runs while the learner syncs weights and waits for the next batch; `finish_update()` collects its metrics
+    (the next `values` waits for it anyway: one actor's calls run in order)."""
+
+    role = "critic"
+
+    def __init__(self, cfg: Config, threads: Optional[int] = None):
+        from asyncrl.run.critic_actor import CriticActor
+        from asyncrl.util.net import free_port
+
+        port, n = free_port(), cfg.algorithm.critic.ranks
+        self.actors = [CriticActor.remote(cfg, r, n, "127.0.0.1", port) for r in range(n)]
+        self._setup = [a.setup.remote(threads) for a in self.actors]
+        self._update: list[Any] = []
+        self._finished: dict[str, float] = {}  # metrics of an update waited for but not yet taken
+
+    def values(self, batch: Any) -> tuple[list[Any], int]:
+        """(the critic's values of every trajectory of `batch`, its update count)."""
+        return self._all("values", batch)
+
+    def start_update(self, batch: Any, returns: list[Any], old_values: list[Any]) -> None:
+        self._update = [a.update.remote(batch, returns, old_values) for a in self.actors]
+
+    def finish_update(self) -> None:
+        """Wait for the update in flight, if any (its metrics are kept for `take_metrics`)."""
+        if self._update:
+            refs, self._update = self._update, []
+            self._finished = self._gather(refs)[0]
+
+    def take_metrics(self) -> dict[str, float]:
+        """The metrics of the last update (waiting for it if it is still running); {} after the first time."""
+        self.finish_update()
+        out, self._finished = self._finished, {}
+        return out
+
+    def save_checkpoint(self, path: str) -> None:
+        self.finish_update()
+        self._all("save_checkpoint", path)
+
+    def load_checkpoint(self, path: str) -> int:
+        return self._all("load_checkpoint", path)

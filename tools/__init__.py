@@ -1,8 +1,0 @@
-"""Built-in tools. Importing this package imports every module in it, so their @register decorators
-run; it is loaded through asyncrl's own `asyncrl.plugins` entry point, like any third-party plugin."""
-
-import importlib
-import pkgutil
-
-for _m in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_m.name}")
