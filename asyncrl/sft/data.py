@@ -109,7 +109,8 @@ def render_conversation(tokenizer: Any, agent_cfg: Any, row: dict[str, Any], uid
     DataError: cut, it would teach the model to stop mid-answer."""
     from asyncrl.agents.chat import ChatFormat
     from asyncrl.agents.trajectory_builder import TrajectoryBuilder
-    from asyncrl.sft.demos import DemoCall, DemoTurn, render_turn
+    from asyncrl.envs.base import DemoCall, DemoTurn
+    from asyncrl.sft.demos import render_turn
 
     messages, tools = row["messages"], row["tools"]
     first = next(j for j, m in enumerate(messages) if m["role"] == "assistant")

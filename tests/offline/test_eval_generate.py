@@ -18,7 +18,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from asyncrl.offline import eval_cli, generate_cli
+from asyncrl.commands import eval as eval_cli
+from asyncrl.commands import generate as generate_cli
 
 pytestmark = [pytest.mark.timeout(300)]
 

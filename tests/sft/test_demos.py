@@ -12,8 +12,8 @@ import pytest
 from asyncrl import cli
 from asyncrl.agents.base import AgentContext
 from asyncrl.config import load_config
-from asyncrl.envs.base import resolve_env
-from asyncrl.sft.demos import DemoCall, DemoError, DemoTurn, make_demos, render_turn
+from asyncrl.envs.base import DemoCall, DemoError, DemoTurn, resolve_env
+from asyncrl.sft.demos import make_demos, render_turn
 
 pytestmark = pytest.mark.timeout(120)
 

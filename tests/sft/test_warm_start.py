@@ -164,7 +164,7 @@ def test_an_interrupted_warm_start_ends_the_run_with_a_summary_and_resumes_its_s
 
 
 def test_a_warm_start_that_keeps_no_demonstration_fails_the_run_naming_why(tiny_model_dir, tmp_path, monkeypatch):
-    from asyncrl.sft.demos import DemoTurn
+    from asyncrl.envs.base import DemoTurn
 
     env = resolve_env("arithmetic")
     monkeypatch.setattr(type(env), "demo_turns", lambda self, row: [DemoTurn("Answer: -12345")])
