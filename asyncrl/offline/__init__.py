@@ -1,3 +1,4 @@
-"""Offline use of a model through the agent loops, outside a training run: `asyncrl eval` (eval_cli.py) and
-`asyncrl generate` (generate_cli.py), over one engine (session.py) on a checkpoint (checkpoints.py), with the
-scores as pure functions (scores.py)."""
+"""A model used outside a training run, through the agent loops: one engine on a checkpoint, a run
+directory or a Hugging Face directory (`session.py`, `checkpoints.py`), and the scores as pure
+functions (`scores.py`). The commands built on it are asyncrl/commands/eval.py (`asyncrl eval`) and
+asyncrl/commands/generate.py (`asyncrl generate`)."""
