@@ -17,8 +17,9 @@ Retries: a connection/transport error or a 5xx reply is retried up to `max_retri
 exponential backoff and a fresh rid; after a read timeout the old rid is aborted first (best
 effort), so the engine does not go on generating for nobody. 4xx replies raise
 `EngineRequestError` at once. A cancelled `generate` aborts its request on the engine. The defaults
-(engine.request_timeout_s=180, max_retries=2) give up on an engine that accepts connections but never
-answers after 3 x 180 s + backoff, about 9 minutes; a refused connection fails in under 2 s.
+(the config's engine.request_timeout_s=180, max_retries=2, read from EngineConfig) give up on an
+engine that accepts connections but never answers after 3 x 180 s + backoff, about 9 minutes; a
+refused connection fails in under 2 s.
 
 Versions: SGLang answers `meta_info.weight_versions`, spans [{"version": str, "start", "end"}]
 (end exclusive) covering the output; the client expands them to one int per output token and
@@ -46,6 +47,7 @@ from typing import Any, Self
 
 import httpx
 
+from asyncrl.config import EngineConfig
 from asyncrl.engine.base import GenerateResult, SamplingParams
 from asyncrl.util.auth import auth_headers
 
@@ -136,9 +138,9 @@ class EngineClient:
         self,
         urls: Sequence[str] | str,
         *,
-        timeout_s: float = 180.0,
+        timeout_s: float = EngineConfig.request_timeout_s,
         connect_timeout_s: float = 10.0,
-        max_retries: int = 2,
+        max_retries: int = EngineConfig.max_retries,
         backoff_s: float = 0.2,
         max_connections: int = 256,
         max_sessions: int = 100_000,

@@ -1,10 +1,17 @@
 """Start (or attach to) engine servers and wait until they answer /health (attach: /model_info).
 
-`launch_embedded(...)` spawns `python -m asyncrl.engine.cli serve ...`; with port 0 the server
-picks a free port and writes it to a port file that the launcher reads. `launch_sglang(...)`
-spawns `python -m sglang.launch_server ...` on a given (or free) port. Both return an
-`EngineProcess` with `.url`, `.pid`, `.alive()`, `.stop()` (SIGTERM, then SIGKILL after a grace
-period; the port is free once it returns). `attach(urls)` wraps running servers (stop is a no-op).
+`launch_configured(cfg, ...)` starts the engine a run's config describes (`cfg.engine`: embedded or
+SGLang); it is the one place an engine is configured from the run's config (the EngineActor of
+`asyncrl train`, `asyncrl eval` and `asyncrl generate`). The engine's settings have one owner,
+`asyncrl.config.EngineConfig`: the launchers take one whole (`engine`, plus keyword overrides of its
+fields for tests and benchmarks) and pass it on, never a default of their own.
+`launch_embedded(model_dir, engine)` spawns `python -m asyncrl.engine.cli serve ...` with the
+settings as flags (`cli.settings_argv`; the server and its scheduler get them back as one
+EngineConfig); with port 0 the server picks a free port and writes it to a port file that the
+launcher reads. `launch_sglang(model_dir, engine)` spawns `python -m sglang.launch_server ...` on a
+given (or free) port. Both return an `EngineProcess` with `.url`, `.pid`, `.alive()`, `.stop()`
+(SIGTERM, then SIGKILL after a grace period; the port is free once it returns). `attach(urls)` wraps
+running servers (stop is a no-op).
 
 The token (asyncrl/util/auth.py): both launchers give the server this process's run token
 (`ensure_token`: the environment's, else a fresh one put into os.environ, so this process's senders
@@ -17,6 +24,7 @@ directory, deleted as soon as the server is up or has failed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -31,6 +39,8 @@ from typing import Any, Self
 
 import httpx
 
+from asyncrl.config import Config, EngineConfig
+from asyncrl.engine.cli import settings_argv
 from asyncrl.util.auth import ENV, auth_headers, ensure_token
 from asyncrl.util.net import free_port, is_loopback
 
@@ -118,13 +128,15 @@ def answers(url: str, timeout: float = 5.0) -> bool:
 
 
 def sglang_dtype(name: str) -> str:
-    """asyncrl's dtype name -> SGLang's --dtype. asyncrl's `auto` means bf16 on a GPU (SGLang runs
-    only there); SGLang's own `auto` would pick fp16 for an fp32 checkpoint."""
-    if name == "auto":
-        return "bfloat16"
-    if name not in ("float32", "bfloat16", "float16"):
-        raise EngineLaunchError(f"dtype {name!r} is not one of auto, float32, bfloat16, float16")
-    return name
+    """engine.dtype -> SGLang's --dtype: the engine's dtype on a GPU (SGLang runs only there) by the precision
+    rule (asyncrl.models.precision; auto: bf16), always explicit: SGLang's own `auto` would serve an fp32
+    checkpoint in fp16."""
+    from asyncrl.models import precision
+
+    try:
+        return precision("engine", name, "cuda", native_bf16=False).weights  # the CPU probe: unused on cuda
+    except ValueError as e:
+        raise EngineLaunchError(str(e)) from None
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec (Linux only)
@@ -161,32 +173,48 @@ def _wait(proc: subprocess.Popen, url_of: Any, timeout_s: float, what: str, log_
     raise EngineLaunchError(f"{what} was not healthy after {timeout_s:.0f}s; log {log_path}:\n{ep.log_tail()}")
 
 
+# A launch given no `engine` (tests, benchmarks): EngineConfig's defaults, but on the CPU in fp32 whatever the
+# machine (the config's device=None/dtype=auto would pick a GPU or bf16), so its numbers match a CPU fp32 reference.
+BARE_EMBEDDED = EngineConfig(device="cpu", dtype="float32")
+
+
+def engine_settings(engine: EngineConfig | None, overrides: dict[str, Any], default: EngineConfig) -> EngineConfig:
+    """`engine` (None: `default`) with `overrides` (EngineConfig field names) replaced, checked as the config is."""
+    fields = [f.name for f in dataclasses.fields(EngineConfig)]
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        raise TypeError(f"{unknown} are not engine settings; the settings are asyncrl.config.EngineConfig's fields: "
+                        f"{', '.join(fields)}")
+    return dataclasses.replace(engine if engine is not None else default, **overrides)
+
+
 def launch_embedded(
     model_dir: str | Path,
+    engine: EngineConfig | None = None,
     *,
-    host: str = "127.0.0.1",
     port: int = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
-    max_running_seqs: int = 16,
-    max_running_tokens: int = 16384,
     weight_version: int = 0,
     threads: int | None = None,
     extra_env: dict | None = None,
-    startup_timeout_s: float = 300.0,
+    startup_timeout_s: float | None = None,
     log_dir: str | None = None,
     weights_dirs: Sequence[str | Path] = (),
+    **overrides: Any,
 ) -> EngineProcess:
-    """Start the embedded engine server as a subprocess and wait for /health. It holds this process's
-    run token (`ensure_token`) and loads weights from disk only below `model_dir` and `weights_dirs`."""
+    """Start the embedded engine server as a subprocess and wait for /health (up to `startup_timeout_s`,
+    default engine.launch_timeout_s). `engine`: its settings, passed whole (None: BARE_EMBEDDED);
+    `overrides`: EngineConfig fields replaced in it (`max_running_seqs=4`, `dtype="bfloat16"`, `host=...`).
+    It holds this process's run token (`ensure_token`) and loads weights from disk only below `model_dir`
+    and `weights_dirs`."""
+    engine = engine_settings(engine, overrides, BARE_EMBEDDED)
     if not (Path(model_dir) / "config.json").is_file():
         raise EngineLaunchError(f"model_dir={str(model_dir)!r} is not a Hugging Face checkpoint (no config.json)")
+    host = engine.host
     token_env = {ENV: ensure_token()}  # in the child's environment, never its argv
     work = Path(tempfile.mkdtemp(prefix="asyncrl-engine-", dir=log_dir))
     port_file, log_path = work / "port", str(work / "server.log")
-    cmd = [sys.executable, "-m", "asyncrl.engine.cli", "serve", "--model-path", str(model_dir), "--host", host,
-           "--port", str(port), "--port-file", str(port_file), "--device", device, "--dtype", dtype,
-           "--max-running-seqs", str(max_running_seqs), "--max-running-tokens", str(max_running_tokens),
+    cmd = [sys.executable, "-m", "asyncrl.engine.cli", "serve", "--model-path", str(model_dir), *settings_argv(engine),
+           "--port", str(port), "--port-file", str(port_file),
            "--weight-version", str(weight_version), "--exit-with-parent", str(os.getpid())]
     if threads:
         cmd += ["--threads", str(threads)]
@@ -199,17 +227,20 @@ def launch_embedded(
             return f"http://{host}:{int(port_file.read_text())}"
         return None
 
-    url = _wait(proc, url_of, startup_timeout_s, f"embedded engine (pid {proc.pid})", log_path)
+    timeout_s = engine.launch_timeout_s if startup_timeout_s is None else startup_timeout_s
+    url = _wait(proc, url_of, timeout_s, f"embedded engine (pid {proc.pid})", log_path)
     return EngineProcess(url, proc, log_path, scratch=work if log_dir is None else None)
 
 
-def sglang_command(model_dir: str | Path, host: str, port: int, *, dtype: str = "auto", mem_fraction_static: float = 0.4,
-                   weight_version: int = 0, extra_args: Sequence[str] = ()) -> list[str]:
-    """The `python -m sglang.launch_server` command line (flags as in SGLang 0.5.23's arg_groups:
-    --dtype in fields/model.py, --weight-version (a string there; asyncrl's int) in fields/serving.py)."""
-    return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir), "--host", host,
-            "--port", str(port), "--dtype", sglang_dtype(dtype), "--mem-fraction-static", str(mem_fraction_static),
-            "--weight-version", str(weight_version), "--skip-server-warmup", *extra_args]
+def sglang_command(model_dir: str | Path, engine: EngineConfig, port: int, *, weight_version: int = 0,
+                   extra_args: Sequence[str] = ()) -> list[str]:
+    """The `python -m sglang.launch_server` command line for `engine`'s host, dtype, mem_fraction_static and
+    extra_args, then `extra_args` (flags as in SGLang 0.5.23's arg_groups: --dtype in fields/model.py,
+    --weight-version (a string there; asyncrl's int) in fields/serving.py)."""
+    return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir), "--host", engine.host,
+            "--port", str(port), "--dtype", sglang_dtype(engine.dtype),
+            "--mem-fraction-static", str(engine.mem_fraction_static),
+            "--weight-version", str(weight_version), "--skip-server-warmup", *engine.extra_args, *extra_args]
 
 
 KEY_FLAGS = ("--api-key", "--admin-api-key", "--config")  # asyncrl sets these; engine.extra_args may not
@@ -229,27 +260,23 @@ def sglang_key_config(work: Path, host: str, token: str) -> Path:
 
 def launch_sglang(
     model_dir: str | Path,
+    engine: EngineConfig | None = None,
     *,
-    host: str = "127.0.0.1",
     port: int = 0,
-    cfg: Any = None,
-    dtype: str = "auto",
-    mem_fraction_static: float = 0.4,
     weight_version: int = 0,
-    extra_args: Sequence[str] = (),
     extra_env: dict | None = None,
-    startup_timeout_s: float = 600.0,
+    startup_timeout_s: float | None = None,
     log_dir: str | None = None,
+    **overrides: Any,
 ) -> EngineProcess:
-    """Start a real SGLang server (GPU) at `weight_version` and wait for /health. `cfg` (an
-    EngineConfig) overrides dtype, mem_fraction_static, extra_args and the startup timeout."""
+    """Start a real SGLang server (GPU) at `weight_version` and wait for /health (up to `startup_timeout_s`,
+    default engine.launch_timeout_s). `engine`: its settings (host, dtype, mem_fraction_static, extra_args;
+    None: EngineConfig's defaults); `overrides`: EngineConfig fields replaced in it."""
     import importlib.util
 
-    if cfg is not None:
-        dtype = cfg.dtype
-        mem_fraction_static = cfg.mem_fraction_static
-        extra_args = list(cfg.extra_args)
-        startup_timeout_s = cfg.launch_timeout_s
+    engine = engine_settings(engine, overrides, EngineConfig(type="sglang"))
+    host, extra_args = engine.host, engine.extra_args
+    startup_timeout_s = engine.launch_timeout_s if startup_timeout_s is None else startup_timeout_s
     clash = sorted({a.split("=", 1)[0] for a in extra_args} & set(KEY_FLAGS))  # flag names only, never values
     if clash:
         raise EngineLaunchError(f"engine.extra_args has {clash}: asyncrl gives SGLang the run's token itself "
@@ -261,8 +288,7 @@ def launch_sglang(
     work = Path(tempfile.mkdtemp(prefix="asyncrl-sglang-", dir=log_dir))
     log_path = str(work / "server.log")
     keys = sglang_key_config(work, host, ensure_token())
-    cmd = sglang_command(model_dir, host, port, dtype=dtype, mem_fraction_static=mem_fraction_static,
-                         weight_version=weight_version, extra_args=[*extra_args, "--config", str(keys)])
+    cmd = sglang_command(model_dir, engine, port, weight_version=weight_version, extra_args=["--config", str(keys)])
     proc = _spawn(cmd, log_path, extra_env, die_with_parent=True)
     url = f"http://{host}:{port}"
     try:
@@ -285,3 +311,24 @@ def attach(urls: Sequence[str], timeout_s: float = 60.0) -> list[EngineProcess]:
             time.sleep(0.5)
         out.append(EngineProcess(url, None))
     return out
+
+
+def launch_configured(cfg: Config, model_dir: str, *, port: int, threads: int | None, weight_version: int = 0,
+                      log_dir: str) -> EngineProcess:
+    """Launch the server `cfg.engine` describes (embedded or SGLang) on `model_dir`, whose weights are
+    policy version `weight_version`, with `cfg.engine` passed whole; its logs go below `log_dir`. The one
+    place an engine is configured from the run's config (asyncrl/run/engine_actor.py's EngineActor,
+    `asyncrl eval` and `asyncrl generate` without Ray)."""
+    e = cfg.engine
+    os.makedirs(log_dir, exist_ok=True)
+    if e.type == "sglang":
+        return launch_sglang(model_dir, e, port=port, weight_version=weight_version, log_dir=log_dir)
+    return launch_embedded(model_dir, e, port=port, weight_version=weight_version, threads=threads,
+                           extra_env={"OMP_NUM_THREADS": str(threads)} if threads else None,
+                           weights_dirs=run_weight_dirs(cfg), log_dir=log_dir)
+
+
+def run_weight_dirs(cfg: Config) -> list[str]:
+    """Where the run writes weights an engine may load from disk: its output dir (restart exports)
+    and the disk transport's directory (the controller resolves both to absolute paths)."""
+    return [d for d in (cfg.trainer.output_dir, cfg.trainer.weight_sync.disk_dir) if d]

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from asyncrl.config import EngineConfig
 from asyncrl.engine.fused import Segment, StepPlan, supports_fused, use_slot_attention
 from asyncrl.engine.kvbatch import KVSlots
 from asyncrl.engine.protocol import BadRequest, GenRequest, build_reply
@@ -48,24 +49,25 @@ PAUSE_MODES = ("abort", "in_place", "retract")  # retract (SGLang) is treated as
 
 
 class EngineCore:
+    """`settings`: the engine's settings (the run's `engine` config, EngineConfig, validated there; None:
+    its defaults): the scheduler reads max_running_seqs and max_running_tokens from it."""
+
     def __init__(
         self,
         model: torch.nn.Module,
+        settings: EngineConfig | None = None,
         *,
         tokenizer: Any = None,
         weight_version: int = 0,
-        max_running_seqs: int = 16,
-        max_running_tokens: int = 16384,
         prefill_tokens_per_step: int = 2048,
         fused: bool | None = None,
     ):
-        if max_running_seqs < 1:
-            raise ValueError(f"max_running_seqs must be >= 1, got {max_running_seqs}")
+        self.settings = settings if settings is not None else EngineConfig()
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.weight_version = int(weight_version)
-        self.max_running_seqs = max_running_seqs
-        self.max_running_tokens = max_running_tokens
+        self.max_running_seqs = self.settings.max_running_seqs
+        self.max_running_tokens = self.settings.max_running_tokens
         self.prefill_tokens_per_step = prefill_tokens_per_step
         cfg = model.config
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
@@ -78,7 +80,7 @@ class EngineCore:
         self.lock = asyncio.Lock()
         self.waiting: collections.deque[GenRequest] = collections.deque()
         self.running: list[GenRequest] = []  # row i of self.kv is running[i]
-        self.kv = KVSlots(max_running_seqs)
+        self.kv = KVSlots(self.max_running_seqs)
         self.live: dict[str, GenRequest] = {}
         self.paused = False
         self._wake = asyncio.Event()

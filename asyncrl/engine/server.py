@@ -3,7 +3,8 @@
 Endpoints (as SGLang 0.5.23 answers them; docs/design.md "Engine API"): POST /generate,
 /abort_request {rid (prefix match) | abort_all} (200, empty body), /pause_generation {mode: abort|
 retract|in_place}, /continue_generation; GET /model_info (string weight_version), /server_info
-(tp_size), /health, /health_generate; asyncrl extension: GET /stats (queue sizes).
+(tp_size; asyncrl's: the engine's settings as served), /health, /health_generate; asyncrl extension:
+GET /stats (queue sizes).
 The weight-sync router (asyncrl.weight_sync.routes.make_router(core): the weight-update routes,
 sessions and /update_weights_from_disk included) is mounted when installed.
 Every bad request gets a 400 with {"error": message}; the server keeps serving.
@@ -18,6 +19,7 @@ below the model directory and the `weights_dirs` given at launch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -31,6 +33,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from asyncrl.config import EngineConfig
 from asyncrl.engine.protocol import BadRequest, parse_request
 from asyncrl.engine.scheduler import EngineCore
 from asyncrl.util.auth import (
@@ -129,7 +132,10 @@ def create_app(core: EngineCore, model_path: str = "", on_ready: Any | None = No
     @app.get("/server_info")
     @app.get("/get_server_info")  # SGLang's deprecated alias
     async def server_info():
-        return {"model_path": model_path, "tp_size": 1, "dp_size": 1, "version": "asyncrl-embedded"}
+        s = core.settings  # as served: device and dtype resolved (see `serve`)
+        return {"model_path": model_path, "tp_size": 1, "dp_size": 1, "version": "asyncrl-embedded",
+                "device": s.device, "dtype": s.dtype, "max_running_seqs": s.max_running_seqs,
+                "max_running_tokens": s.max_running_tokens}
 
     @app.get("/stats")
     async def stats():
@@ -172,13 +178,9 @@ def watch_parent(parent_pid: int, period_s: float = 1.0) -> threading.Thread:
 
 def serve(
     model_path: str,
+    settings: EngineConfig | None = None,
     *,
-    host: str = "127.0.0.1",
     port: int = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
-    max_running_seqs: int = 16,
-    max_running_tokens: int = 16384,
     weight_version: int = 0,
     port_file: str | None = None,
     threads: int | None = None,
@@ -187,11 +189,17 @@ def serve(
 ) -> None:
     """Load the model, bind, announce the port (port_file and a stdout line), serve until killed.
 
+    `settings`: the engine's settings (the run's `engine` config; None: EngineConfig's defaults), taken
+    whole: host, then device (None: cuda if available, else cpu) and dtype (auto: `engine_dtype`),
+    resolved here, and the scheduler's max_running_seqs and max_running_tokens.
+
     With `exit_with_parent=PID` the server exits once PID is no longer its parent, so an engine
     whose launcher was SIGKILLed (a crashed Ray actor) does not live on holding memory and a port.
     The token comes from ASYNCRL_ENGINE_TOKEN (never argv); a non-loopback `host` without one is
     refused before anything loads.
     """
+    settings = settings if settings is not None else EngineConfig()
+    host = settings.host
     token = token_from_env()
     check_bind(host, token)
     if token is None:
@@ -204,18 +212,20 @@ def serve(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from asyncrl.engine.cpu_kernels import use_small_batch_linears
-    from asyncrl.models import torch_dtype
+    from asyncrl.models import default_device, engine_dtype, torch_dtype
 
     if threads:
         torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype, device)).to(device)
+    device = settings.device or default_device()
+    settings = dataclasses.replace(settings, device=device, dtype=engine_dtype(settings.dtype, device))
+    print(f"asyncrl engine: serving on {device} in {settings.dtype}", file=sys.stderr, flush=True)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(settings.dtype)).to(device)
     use_small_batch_linears(model)  # CPU only: decode-sized GEMMs computed transposed (engine/cpu_kernels.py)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     except (OSError, ValueError):
         tokenizer = None
-    core = EngineCore(model, tokenizer=tokenizer, weight_version=weight_version,
-                      max_running_seqs=max_running_seqs, max_running_tokens=max_running_tokens)
+    core = EngineCore(model, settings, tokenizer=tokenizer, weight_version=weight_version)
     sock = bind_socket(host, port)
     chosen = sock.getsockname()[1]
 

@@ -2,7 +2,7 @@
 
 No Ray, no buffer, no learner: the command composes the config (a run dir's recorded overrides first, then
 the user's), starts the env's services (e.g. the retrieval server), launches one engine on the model the
-same way a training run does (asyncrl/run/engine_actor.py `launch_configured`; or attaches to `engine.urls`),
+same way a training run does (asyncrl/engine/launcher.py `launch_configured`; or attaches to `engine.urls`),
 and runs episodes through the configured agent loop with the env's own reward. Each episode gets a sampling
 seed fixed by (seed, row, sample index), so two checkpoints sample with the same seeds. The draws repeat
 exactly only where the logits do: a fresh engine running one episode at a time does; batching (whose
@@ -62,9 +62,9 @@ def agent_context(cfg: Config, work_dir: Path, say: Callable[[str], None]) -> It
     from asyncrl import registry
     from asyncrl.agents.base import AgentContext
     from asyncrl.engine.client import EngineClient
+    from asyncrl.engine.launcher import launch_configured
     from asyncrl.envs.base import resolve_env
     from asyncrl.models import load_tokenizer, resolve_model_dir
-    from asyncrl.run.engine_actor import launch_configured
     from asyncrl.util.cpus import available_cpus
     from asyncrl.util.net import free_port
 

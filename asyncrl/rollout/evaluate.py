@@ -60,7 +60,8 @@ class EvalActor:
             from asyncrl.models import load_tokenizer
 
             registry.load_all(self.cfg.plugins)
-            self.ctx = AgentContext.for_config(self.cfg, EngineClient(self.urls), load_tokenizer(self.cfg.model),
-                                               self.overrides)
+            e = self.cfg.engine  # its patience is the run's, as the rollout workers' is
+            client = EngineClient(self.urls, timeout_s=e.request_timeout_s, max_retries=e.max_retries)
+            self.ctx = AgentContext.for_config(self.cfg, client, load_tokenizer(self.cfg.model), self.overrides)
         out = await evaluate_rows(self.ctx, self.rows, self.cfg.trainer.eval_pass_k, self.cfg.agent.name)
         return {**out, "eval/version": version}

@@ -24,8 +24,8 @@ import httpx
 import ray
 
 from asyncrl.config import Config
-from asyncrl.engine.launcher import EngineProcess, launch_embedded, launch_sglang
-from asyncrl.models import default_device, engine_dtype
+from asyncrl.engine.launcher import EngineProcess, launch_configured
+from asyncrl.run_dir import RunLayout
 from asyncrl.util.auth import auth_headers
 from asyncrl.util.net import free_port
 
@@ -106,7 +106,7 @@ class EngineActor:
 
     def start(self, weight_version: int = 0) -> str:
         """Launch the server on `model_dir`, whose weights are policy version `weight_version`."""
-        logs = os.path.join(self.cfg.trainer.output_dir, "engines")  # kept with the run, one dir per launch
+        logs = str(RunLayout(self.cfg.trainer.output_dir).engines)  # kept with the run, one dir per launch
         self.proc = launch_configured(self.cfg, self.model_dir, port=self.port, threads=self.threads,
                                       weight_version=weight_version, log_dir=logs)
         e = self.cfg.engine
@@ -135,28 +135,4 @@ class EngineActor:
         if self.proc is not None:
             self.proc.stop()
             self.proc = None
-
-
-def launch_configured(cfg: Config, model_dir: str, *, port: int, threads: Optional[int], weight_version: int = 0,
-                      log_dir: str) -> EngineProcess:
-    """Launch the server `cfg.engine` describes (embedded or SGLang) on `model_dir`, whose weights are
-    policy version `weight_version`; its logs go below `log_dir`. The one place an engine is configured
-    from the run's config (EngineActor here, `asyncrl eval` and `asyncrl generate` without Ray)."""
-    e = cfg.engine
-    os.makedirs(log_dir, exist_ok=True)
-    if e.type == "sglang":
-        return launch_sglang(model_dir, host=e.host, port=port, cfg=e, weight_version=weight_version, log_dir=log_dir)
-    return launch_embedded(
-        model_dir, host=e.host, port=port, device=e.device or default_device(),
-        dtype=engine_dtype(e.dtype, e.device or default_device()),
-        max_running_seqs=e.max_running_seqs, weight_version=weight_version, startup_timeout_s=e.launch_timeout_s,
-        threads=threads, extra_env={"OMP_NUM_THREADS": str(threads)} if threads else None,
-        weights_dirs=run_weight_dirs(cfg), log_dir=log_dir,
-    )
-
-
-def run_weight_dirs(cfg: Config) -> list[str]:
-    """Where the run writes weights an engine may load from disk: its output dir (restart exports)
-    and the disk transport's directory (the controller resolves both to absolute paths)."""
-    return [d for d in (cfg.trainer.output_dir, cfg.trainer.weight_sync.disk_dir) if d]
 

@@ -49,6 +49,7 @@ from typing import Any
 
 import ray
 
+from asyncrl.config import EngineConfig
 from asyncrl.data.job_state import RolloutPosition, RolloutState
 from asyncrl.run.learner_group import LearnerGroup
 
@@ -77,7 +78,7 @@ class Supervisor:
 
     def __init__(self, *, engines: list[Any], engine_urls: list[str], learners: LearnerGroup, base_weights: str,
                  restart_weights: Path, spawn_worker: SpawnWorker, buffer: Any = None,
-                 probe_timeout_s: float = 20.0):
+                 probe_timeout_s: float = EngineConfig.probe_timeout_s):
         self.engines, self.engine_urls, self.learners, self.buffer = engines, engine_urls, learners, buffer
         # alive() may take a probe, then a /stats read, before it answers
         self.engine_timeout_s = 2 * probe_timeout_s + self.HEALTH_TIMEOUT_S

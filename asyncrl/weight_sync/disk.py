@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from asyncrl.config import WeightSyncConfig
 from asyncrl.weight_sync.bucketing import nbytes
 from asyncrl.weight_sync.engine_http import EngineHTTP
 from asyncrl.weight_sync.errors import WeightMismatchError, WeightSyncError
@@ -42,7 +43,7 @@ class DiskTransport(Transport):
     uses_session = False
     shared_fate = False
 
-    def __init__(self, disk_dir: str | None = None, *, timeout_s: float = 120.0, keep: int = 2,
+    def __init__(self, disk_dir: str | None = None, *, timeout_s: float = WeightSyncConfig.timeout_s, keep: int = 2,
                  config_dir: str | None = None):
         self.root = Path(disk_dir or tempfile.mkdtemp(prefix="asyncrl-weights-"))
         self.timeout_s, self.keep = float(timeout_s), max(1, keep)

@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
+from asyncrl.config import WeightSyncConfig
 from asyncrl.util.net import free_port, is_loopback
 from asyncrl.weight_sync.bucketing import dtype_name, flat_groups, metas_of, pack, parse_dtype
 from asyncrl.weight_sync.engine_http import EngineHTTP
@@ -78,8 +79,8 @@ class GroupTransport(Transport):
     uses_session = True
     shared_fate = True
 
-    def __init__(self, backend: str = "gloo", *, timeout_s: float = 120.0, master_address: str | None = None,
-                 coalesce: bool = True):
+    def __init__(self, backend: str = "gloo", *, timeout_s: float = WeightSyncConfig.timeout_s,
+                 master_address: str | None = None, coalesce: bool = True):
         if backend not in ("gloo", "nccl"):
             raise WeightSyncError("config", f"group transport: backend must be gloo or nccl, got {backend!r}")
         self.name = self.backend = backend

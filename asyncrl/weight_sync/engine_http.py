@@ -8,6 +8,10 @@ code (errors.py) without reading the message.
 Every call carries the run's token (`Authorization: Bearer`, from ASYNCRL_ENGINE_TOKEN, as SGLang's
 --admin-api-key expects it). An engine that refuses it (401, or 403: the embedded engine without a
 token) is a `config` error whose message says which side lacks the token.
+
+PROBE_TIMEOUT_S is the one default of a probe's timeout (a GET /model_info, a group teardown): the
+sender's and EngineHTTP's. The sync's own timeout defaults to the config's
+(asyncrl.config.WeightSyncConfig.timeout_s), read by every constructor that takes one.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import httpx
 
 from asyncrl.util.auth import ENV, auth_headers
 from asyncrl.weight_sync.errors import WeightSyncError
+
+PROBE_TIMEOUT_S = 5.0  # a probe of an engine (GET /model_info and the like): the default everywhere
 
 
 def classify(url: str, path: str, status: int, data: Any) -> WeightSyncError | None:
@@ -48,7 +54,7 @@ def _message(data: Any) -> str:
 class EngineHTTP:
     """Calls to a set of engines; a failure is returned as a WeightSyncError, never raised."""
 
-    def __init__(self, probe_timeout_s: float = 5.0):
+    def __init__(self, probe_timeout_s: float = PROBE_TIMEOUT_S):
         self.client = httpx.AsyncClient(timeout=None, trust_env=False, headers=auth_headers())
         self.probe_timeout_s = float(probe_timeout_s)
 

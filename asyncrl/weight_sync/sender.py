@@ -33,8 +33,9 @@ from typing import Any
 
 import torch
 
+from asyncrl.config import WeightSyncConfig
 from asyncrl.weight_sync.bucketing import nbytes
-from asyncrl.weight_sync.engine_http import EngineHTTP
+from asyncrl.weight_sync.engine_http import PROBE_TIMEOUT_S, EngineHTTP
 from asyncrl.weight_sync.errors import WeightMismatchError, WeightSyncError
 
 log = logging.getLogger(__name__)
@@ -116,8 +117,8 @@ def drain(it: Iterator[Any]) -> None:
 class WeightSender:
     """Pushes the learner's full weights to inference engines (learner rank 0 only)."""
 
-    def __init__(self, transport: Transport, *, timeout_s: float = 120.0, mode: str = "in_place",
-                 probe_timeout_s: float = 5.0):
+    def __init__(self, transport: Transport, *, timeout_s: float = WeightSyncConfig.timeout_s,
+                 mode: str = WeightSyncConfig.mode, probe_timeout_s: float = PROBE_TIMEOUT_S):
         if mode not in PAUSE_MODE:
             raise WeightSyncError("config", f"weight sync mode {mode!r} is not one of {sorted(PAUSE_MODE)}")
         if timeout_s <= 0:

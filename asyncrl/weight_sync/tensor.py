@@ -15,6 +15,7 @@ import asyncio
 import base64
 import io
 
+from asyncrl.config import WeightSyncConfig
 from asyncrl.weight_sync.distributed import tp_size_of
 from asyncrl.weight_sync.engine_http import EngineHTTP
 from asyncrl.weight_sync.errors import WeightMismatchError, WeightSyncError
@@ -37,7 +38,7 @@ class TensorTransport(Transport):
     uses_session = True
     shared_fate = False
 
-    def __init__(self, *, timeout_s: float = 120.0, device: str = "cuda"):
+    def __init__(self, *, timeout_s: float = WeightSyncConfig.timeout_s, device: str = "cuda"):
         self.timeout_s, self.device = float(timeout_s), device
         self.tp_size: dict[str, int] = {}
 

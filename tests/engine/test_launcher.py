@@ -10,6 +10,7 @@ import httpx
 import pytest
 import yaml
 
+from asyncrl.config import EngineConfig
 from asyncrl.engine.launcher import (
     EngineLaunchError,
     answers,
@@ -53,13 +54,13 @@ def test_launch_failures_are_loud(tmp_path):
 
 
 def test_sglang_command_flags():
-    cmd = sglang_command("/m", "127.0.0.1", 30000, dtype="bfloat16", mem_fraction_static=0.5, weight_version=3,
-                         extra_args=["--tp", "1"])
+    engine = EngineConfig(type="sglang", host="127.0.0.1", dtype="bfloat16", mem_fraction_static=0.5, extra_args=["--tp", "1"])
+    cmd = sglang_command("/m", engine, 30000, weight_version=3, extra_args=["--config", "/k.yaml"])
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
     flags = dict(zip(cmd[3::2], cmd[4::2]))
     assert flags["--model-path"] == "/m" and flags["--port"] == "30000" and flags["--dtype"] == "bfloat16"
     assert flags["--mem-fraction-static"] == "0.5" and flags["--weight-version"] == "3"
-    assert cmd[-2:] == ["--tp", "1"]
+    assert flags["--host"] == "127.0.0.1" and cmd[-4:] == ["--tp", "1", "--config", "/k.yaml"]
 
 
 def test_sglang_gets_its_keys_from_a_private_file_not_argv(tmp_path):
@@ -80,7 +81,7 @@ def test_sglang_gets_its_keys_from_a_private_file_not_argv(tmp_path):
 
 def test_auto_dtype_reaches_sglang_as_bf16_and_a_restart_keeps_the_version():
     """asyncrl's `auto` means bf16 on a GPU; SGLang's own `auto` would serve an fp32 checkpoint in fp16."""
-    flags = dict(zip(*(lambda c: (c[3::2], c[4::2]))(sglang_command("/m", "h", 1, dtype="auto", weight_version=7))))
+    flags = dict(zip(*(lambda c: (c[3::2], c[4::2]))(sglang_command("/m", EngineConfig(dtype="auto"), 1, weight_version=7))))
     assert flags["--dtype"] == "bfloat16" and flags["--weight-version"] == "7"
     assert [sglang_dtype(d) for d in ("float32", "float16", "bfloat16")] == ["float32", "float16", "bfloat16"]
     for bad in ("half", "fp8", ""):
@@ -135,3 +136,37 @@ def test_engine_exits_when_its_launcher_is_killed(engine_model_dir):
         pytest.fail(f"engine pid {engine_pid} outlived its SIGKILLed launcher by 30 s")
     with pytest.raises(httpx.HTTPError):
         httpx.get(url + "/health", timeout=2)
+
+
+@pytest.mark.timeout(180)
+def test_launch_configured_gives_the_engine_every_setting_of_the_config(engine_model_dir, tmp_path):
+    """The run's `engine` section reaches the engine process whole: what the server reports serving with is
+    what the config said (each value off its default), and a prompt over the configured max_running_tokens
+    gets the engine's 400, where the default 16384 would have served it."""
+    from asyncrl.config import EngineConfig, load_config
+    from asyncrl.engine.launcher import launch_configured
+    from asyncrl.util.net import free_port
+
+    cfg = load_config(["engine.max_running_tokens=96", "engine.max_running_seqs=3", "engine.device=cpu",
+                       "engine.dtype=float32", "agent.max_prompt_tokens=48", "agent.max_response_tokens=48",
+                       f"trainer.output_dir={tmp_path / 'run'}"])
+    default = EngineConfig()
+    assert (cfg.engine.max_running_tokens, cfg.engine.max_running_seqs) != (default.max_running_tokens,
+                                                                           default.max_running_seqs)
+    proc = launch_configured(cfg, str(engine_model_dir), port=free_port("127.0.0.1"), threads=1,
+                             log_dir=str(tmp_path / "engines"))
+    try:
+        info = httpx.get(proc.url + "/server_info", timeout=30).json()
+        assert {k: info[k] for k in ("device", "dtype", "max_running_seqs", "max_running_tokens")} == {
+            "device": "cpu", "dtype": "float32", "max_running_seqs": 3, "max_running_tokens": 96}
+
+        def generate(n: int) -> httpx.Response:
+            body = {"input_ids": list(range(300, 300 + n)), "sampling_params": {"temperature": 0, "max_new_tokens": 1}}
+            return httpx.post(proc.url + "/generate", json=body, timeout=60)
+
+        assert generate(96).status_code == 200
+        over = generate(97)
+        assert over.status_code == 400, over.text
+        assert over.json() == {"error": "input_ids has 97 tokens, more than max_running_tokens=96"}
+    finally:
+        proc.stop()

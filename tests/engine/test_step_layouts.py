@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from asyncrl.config import EngineConfig
 from asyncrl.engine.protocol import GenRequest
 from asyncrl.engine.scheduler import EngineCore
 from tests.engine.conftest import greedy_reference, teacher_forced_logprobs
@@ -31,7 +32,7 @@ WORK = [
 async def test_both_layouts_give_transformers_greedy_tokens_and_teacher_forced_logprobs(
         engine_model_dir, tiny_model, fused):
     model = AutoModelForCausalLM.from_pretrained(engine_model_dir, dtype=torch.float32).eval()  # the core's own copy
-    core = EngineCore(model, max_running_seqs=4, prefill_tokens_per_step=200, fused=fused)
+    core = EngineCore(model, EngineConfig(max_running_seqs=4), prefill_tokens_per_step=200, fused=fused)
     assert core.fused is fused
     core.start()
     try:
@@ -52,7 +53,7 @@ async def test_both_layouts_give_transformers_greedy_tokens_and_teacher_forced_l
 @pytest.mark.timeout(120)
 async def test_a_row_stops_at_the_model_context_in_the_fused_layout(engine_model_dir):
     model = AutoModelForCausalLM.from_pretrained(engine_model_dir, dtype=torch.float32).eval()
-    core = EngineCore(model, max_running_seqs=2, fused=True)
+    core = EngineCore(model, EngineConfig(max_running_seqs=2), fused=True)
     ctx = core.max_context
     core.start()
     try:

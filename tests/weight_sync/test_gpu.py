@@ -99,9 +99,10 @@ async def test_same_sender_against_a_real_sglang_server(tiny_model_dir, moved, t
 
     model, export = moved
     env = {"CUDA_VISIBLE_DEVICES": "1"} if transport == "nccl" else None
-    with launch_sglang(export, host="127.0.0.1", port=0, cfg=EngineConfig(type="sglang"), dtype="float32", extra_env=env) as ref:
+    with launch_sglang(export, EngineConfig(type="sglang"), port=0, host="127.0.0.1", dtype="float32", extra_env=env) as ref:
         want = greedy(ref.url)
-    with launch_sglang(tiny_model_dir, host="127.0.0.1", port=0, cfg=EngineConfig(type="sglang"), dtype="float32", extra_env=env) as eng:
+    with launch_sglang(tiny_model_dir, EngineConfig(type="sglang"), port=0, host="127.0.0.1", dtype="float32",
+                       extra_env=env) as eng:
         t = TensorTransport(timeout_s=300) if transport == "tensor" else GroupTransport("nccl", timeout_s=300)
         sender = WeightSender(t, timeout_s=300)
         await sender.connect([eng.url])
