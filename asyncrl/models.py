@@ -8,6 +8,10 @@ rebuilt from its config, the state dict copied in, and saved. Later loads read t
 torch and transformers are imported inside the functions that load or convert a model (several
 seconds, and their memory): the controller resolves the model directory (`resolve_model_dir` on a
 cached model) and picks no device, so it never imports them.
+
+`precision(role, configured, device, native_bf16=...)` is the one rule for the dtypes every role holds and
+computes in (engine, learner, critic; docs/design.md "Precision"): nothing else resolves "auto" for a dtype
+or builds an autocast context or an FSDP2 mixed-precision policy (tests/core/test_precision.py checks).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import os
 import re
 import shutil
 import tempfile
+import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -161,26 +167,102 @@ def resolve_model_dir(cfg: ModelConfig) -> Path:
     return dest
 
 
-def torch_dtype(name: str, device: str) -> Any:
-    import torch
+# ---------------------------------------------------------------- precision: the one rule (docs/design.md "Precision")
 
-    if name == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+# the explicit values of model.dtype (engine.dtype and `engine serve --dtype` take the same: a test checks)
+DTYPES = tuple(v for v in typing.get_args(typing.get_type_hints(ModelConfig)["dtype"]) if v != "auto")
+PRECISION_ROLES = ("engine", "learner", "critic")
+_DTYPE_FIELD = {"engine": "engine.dtype", "learner": "model.dtype", "critic": "model.dtype"}
 
 
-def engine_dtype(name: str, device: str) -> str:
-    """The dtype an inference engine serves in: `name`, or for "auto" bf16 on a GPU and on a CPU that
-    computes bf16 natively (asyncrl.util.cpus.native_bf16: measured 2.4-2.6x fp32 for SmolLM2-135M's prefill and
-    16-row decode on the 2-core machine kind, docs/benchmarks.md), fp32 on any other CPU. The learner's
-    "auto" stays fp32 on CPU (its master weights; model.cpu_bf16 is its autocast)."""
-    if name != "auto":
-        return name
-    if device.startswith("cuda"):
-        return "bfloat16"
+@dataclass(frozen=True)
+class Precision:
+    """What one role holds its weights in and computes in (decided by `precision`).
+
+    weights: the parameters' dtype (the learner's and the critic's: master weights and optimizer state);
+    compute: the dtype the forward (and backward) runs in;
+    via: how compute is reached from the weights: "none" (the forward runs on the weights as they are),
+      "autocast" (torch.autocast on the device, `compute_context`) or "fsdp" (FSDP2's MixedPrecisionPolicy,
+      `fsdp_mixed_precision`); reduce: the dtype FSDP2 reduces gradients in (via="fsdp" only)."""
+
+    weights: str
+    compute: str
+    via: str = "none"
+    reduce: Optional[str] = None
+
+
+def precision(role: str, configured: str, device: str, *, native_bf16: bool, cpu_bf16: bool = False,
+              world_size: int = 1) -> Precision:
+    """THE precision rule (pure; its table is docs/design.md "Precision"): what `role` ("engine", "learner" or
+    "critic") holds and computes in on `device` ("cpu", "cuda", "cuda:N") from its configured dtype ("auto" or
+    one of DTYPES: engine.dtype for the engine, model.dtype for the learner and the critic). `native_bf16`: the
+    CPU probe's answer (asyncrl.util.cpus.native_bf16, passed in; unused on cuda); `cpu_bf16`: model.cpu_bf16;
+    `world_size`: the learner's (or the critic's) ranks.
+
+    engine: weights = compute = the configured dtype; auto: bf16 on cuda and on a CPU with native bf16 (2.4-2.6x
+      fp32 there, docs/benchmarks.md), fp32 on other CPUs (emulated bf16 is slower than fp32).
+    learner and critic (one rule): weights = the configured dtype, auto: fp32 on every device. Compute on cuda:
+      bf16, by autocast with one rank, by FSDP2's mixed precision (gradients reduced in fp32) with more; on a
+      CPU: bf16 by autocast where model.cpu_bf16 and the CPU has native bf16, else the weights' dtype."""
+    if role not in PRECISION_ROLES:
+        raise ValueError(f"precision: unknown role {role!r} (known: {', '.join(PRECISION_ROLES)})")
+    if configured != "auto" and configured not in DTYPES:
+        raise ValueError(f"{_DTYPE_FIELD[role]}={configured!r} is not one of auto, {', '.join(DTYPES)}")
+    if world_size < 1:
+        raise ValueError(f"precision: world_size must be >= 1, got {world_size} ({role})")
+    kind = device.split(":", 1)[0]
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"precision: the {role}'s device {device!r} is neither cpu nor cuda[:N]")
+    if role == "engine":
+        dtype = configured if configured != "auto" else "bfloat16" if kind == "cuda" or native_bf16 else "float32"
+        return Precision(dtype, dtype)
+    weights = "float32" if configured == "auto" else configured
+    if kind == "cuda":
+        return (Precision(weights, "bfloat16", "fsdp", "float32") if world_size > 1
+                else Precision(weights, "bfloat16", "autocast"))
+    if cpu_bf16 and native_bf16:
+        return Precision(weights, "bfloat16", "autocast")
+    return Precision(weights, weights)
+
+
+def engine_dtype(configured: str, device: str) -> str:
+    """The dtype an engine on `device` serves in (weights and compute): `precision("engine", ...)` with this
+    machine's CPU probe (asyncrl.util.cpus.native_bf16). The server resolves engine.dtype (`--dtype`) with it."""
     from asyncrl.util.cpus import native_bf16
 
-    return "bfloat16" if native_bf16() else "float32"
+    return precision("engine", configured, device, native_bf16=native_bf16()).weights
+
+
+def torch_dtype(name: str) -> Any:
+    """"float32" / "bfloat16" / "float16" -> the torch dtype; "auto" is no dtype (`precision` resolves it)."""
+    import torch
+
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in table:
+        raise ValueError(f"dtype {name!r} is not one of {', '.join(table)} (resolve 'auto' with asyncrl.models.precision)")
+    return table[name]
+
+
+def compute_context(p: Precision, device: str) -> Any:
+    """The context a role's forward and backward run in: torch.autocast on `device`'s type in p.compute when
+    p.via == "autocast", else a null context (the weights' own dtype, or FSDP2 casting them)."""
+    from contextlib import nullcontext
+
+    import torch
+
+    if p.via != "autocast":
+        return nullcontext()
+    return torch.autocast(device.split(":", 1)[0], dtype=torch_dtype(p.compute))
+
+
+def fsdp_mixed_precision(p: Precision) -> Any:
+    """FSDP2's MixedPrecisionPolicy for a role sharded over ranks: parameters gathered in p.compute and gradients
+    reduced in p.reduce when p.via == "fsdp", else the default policy (no casting)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if p.via != "fsdp":
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=torch_dtype(p.compute), reduce_dtype=torch_dtype(p.reduce or p.compute))
 
 
 def default_device() -> str:
@@ -190,12 +272,16 @@ def default_device() -> str:
 
 
 def load_model(cfg: ModelConfig, device: Optional[str] = None, dtype: Optional[str] = None) -> Any:
-    """Load the configured causal LM from its resolved HF directory."""
+    """Load the configured causal LM from its resolved HF directory, its weights in `dtype` (one of DTYPES;
+    None: the learner's master weights by `precision`, model.dtype with auto = fp32)."""
     from transformers import AutoModelForCausalLM
+
+    from asyncrl.util.cpus import native_bf16
 
     device = device or default_device()
     path = resolve_model_dir(cfg)
-    kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype or cfg.dtype, device)}
+    dtype = dtype or precision("learner", cfg.dtype, device, native_bf16=native_bf16()).weights
+    kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype)}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)

@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> dict:
     tokens = sum(n for _, n in work)
     threads = torch.get_num_threads()
     dtype = engine_dtype(args.dtype, device)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype, device),
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype),
                                                  attn_implementation="sdpa").to(device).eval()
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
 

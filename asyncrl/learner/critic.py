@@ -26,7 +26,8 @@ import torch.distributed as dist
 
 from asyncrl.learner.gae import value_loss
 from asyncrl.learner.packing import Layout, SeqSpec, mask_argument, scatter_rows
-from asyncrl.models import load_model
+from asyncrl.models import compute_context, load_model, precision
+from asyncrl.util.cpus import native_bf16
 
 
 class PolicyWorker(Protocol):
@@ -68,27 +69,31 @@ class Critic:
         self.w = worker
         self.cfg = worker.algo.critic
         model_cfg = worker.cfg.model if self.cfg.path is None else replace(worker.cfg.model, path=self.cfg.path)
-        lm = load_model(model_cfg, device=worker.device, dtype="float32" if worker.cfg.model.dtype == "auto"
-                        else worker.cfg.model.dtype)
+        # the critic's weights and compute: the precision rule's (asyncrl.models.precision; docs/design.md "Precision")
+        self.precision = precision("critic", worker.cfg.model.dtype, worker.device, native_bf16=native_bf16(),
+                                   cpu_bf16=worker.cfg.model.cpu_bf16, world_size=worker.world_size)
+        lm = load_model(model_cfg, device=worker.device, dtype=self.precision.weights)
         self.model = ValueModel(lm).to(worker.device)
         del lm
         if worker.cfg.model.gradient_checkpointing:
             self.model.trunk.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
-        worker.shard(self.model)
+        worker.shard(self.model, self.precision)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, betas=tuple(worker.algo.betas))
         self.steps = 0  # critic updates taken (its version)
 
     def _forward(self, specs: list[SeqSpec], idx: list[int]) -> tuple[torch.Tensor, Any]:
         mb = self.w.layout.micro_batch(specs, idx)
         d = self.w.device
-        v = self.model(mb.input_ids.to(d), mb.position_ids.to(d), mask_argument(mb, self.model, d), mb.keep.to(d))
+        with compute_context(self.precision, d):
+            v = self.model(mb.input_ids.to(d), mb.position_ids.to(d), mask_argument(mb, self.model, d), mb.keep.to(d))
         return scatter_rows(v, mb), mb
 
     def _dummy(self, backward: bool) -> None:
         ids = torch.tensor([[self.w.pad_id]], device=self.w.device)
         keep = torch.ones_like(ids, dtype=torch.bool)
-        v = self.model(ids, torch.zeros_like(ids), None, keep)
+        with compute_context(self.precision, self.w.device):
+            v = self.model(ids, torch.zeros_like(ids), None, keep)
         if backward:
             (v.sum() * 0.0).backward()
 
@@ -176,10 +181,10 @@ class CriticWorker:
         self.critic = Critic(self)
         self.layout = Layout.for_model(self.algo, self.critic.model, self.pad_id)
 
-    def shard(self, model: torch.nn.Module) -> None:
+    def shard(self, model: torch.nn.Module, p: Any) -> None:
         from asyncrl.learner.distributed import shard_fsdp2
 
-        shard_fsdp2(model, self.world_size, self.device)
+        shard_fsdp2(model, self.world_size, p)
 
     def _max_over_ranks(self, n: int) -> int:
         from asyncrl.learner.distributed import max_over_ranks

@@ -13,13 +13,16 @@ import os
 import sys
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from asyncrl.util.net import free_port
+
+if TYPE_CHECKING:
+    from asyncrl.models import Precision
 
 
 def backend_for(device: str) -> str:
@@ -52,15 +55,17 @@ def rank_device() -> str:
     return device
 
 
-def shard_fsdp2(model: torch.nn.Module, world_size: int, device: str) -> None:
-    """FSDP2 over the default group's ranks (each decoder block, then the whole); nothing with one rank. The
-    one way the learner and a critic of its own shard their models."""
+def shard_fsdp2(model: torch.nn.Module, world_size: int, p: Precision) -> None:
+    """FSDP2 over the default group's ranks (each decoder block, then the whole) with `p`'s mixed precision
+    (asyncrl.models.fsdp_mixed_precision); nothing with one rank. The one way the learner and a critic of its
+    own shard their models."""
     if world_size == 1:
         return
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
-    mp_policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-                 if device.startswith("cuda") else MixedPrecisionPolicy())
+    from asyncrl.models import fsdp_mixed_precision
+
+    mp_policy = fsdp_mixed_precision(p)
     block_names = set(getattr(model, "_no_split_modules", None) or [])
     blocks = [m for m in model.modules() if type(m).__name__ in block_names]
     if not blocks:

@@ -21,8 +21,8 @@ cumulative). Both values are the same on every rank, so the ranks skip together.
 `algorithm.max_nonfinite_steps` skipped steps in a row raise `NonFiniteTrainingError`, which stops the run.
 
 Logprobs follow the engine's definition (asyncrl.learner.logprobs) with T = agent.sampling.temperature.
-Parameters are float32 masters; on GPU the compute is bf16 (FSDP2 MixedPrecisionPolicy, or autocast
-for one rank).
+Precision: the weights (master weights and optimizer state) and the compute dtype, by autocast or FSDP2's
+mixed precision, are `self.precision`, decided by asyncrl.models.precision (docs/design.md "Precision").
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import logging
 import math
 import time
 from collections.abc import Iterator
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +64,7 @@ from asyncrl.learner.packing import (
     scatter_rows,
     specs_of,
 )
-from asyncrl.models import load_model, load_tokenizer, pad_token_id
+from asyncrl.models import Precision, compute_context, load_model, load_tokenizer, pad_token_id, precision
 from asyncrl.secrets import shown_config
 from asyncrl.util.cpus import native_bf16
 from asyncrl.weight_sync.bucketing import iter_buckets
@@ -123,20 +122,21 @@ class LearnerWorker:
         self.device = rank_device()
         init_distributed(rank, world_size, self.device, timeout_s=cfg.trainer.learner_timeout_s)
         self.temperature = effective_temperature(cfg.agent.sampling.temperature)
-        self.cpu_bf16 = self.device == "cpu" and cfg.model.cpu_bf16 and native_bf16()
+        self.precision = precision("learner", cfg.model.dtype, self.device, native_bf16=native_bf16(),
+                                   cpu_bf16=cfg.model.cpu_bf16, world_size=world_size)
+        self.cpu_bf16 = self.device == "cpu" and self.precision.via == "autocast"  # model.cpu_bf16 took effect
         if self.device == "cpu" and cfg.model.cpu_bf16 and not self.cpu_bf16 and rank == 0:
             log.warning("model.cpu_bf16=true but this CPU has no native bf16 (avx512_bf16 / amx_bf16): the learner "
                         "computes in fp32")
         tok = load_tokenizer(cfg.model)
         self.pad_id = pad_token_id(tok)
-        master_dtype = "float32" if cfg.model.dtype == "auto" else cfg.model.dtype
-        self.model = self._build(master_dtype, trainable=True)
+        self.model = self._build(self.precision.weights, trainable=True)
         # the samples of one prompt scored as one tree (asyncrl/learner/packing.py) where the attention allows
         self.layout = Layout.for_model(self.algo, self.model, self.pad_id)
         if self.algo.packing and self.algo.share_prompts and not self.layout.share_prompts and rank == 0:
             log.warning("algorithm.share_prompts=true but the model's attention (%s) takes no custom mask: each "
                         "sample is scored with its own copy of the prompt", attn_implementation(self.model))
-        self.ref_model = self._build(master_dtype, trainable=False) if self.algo.kl_coef > 0 else None
+        self.ref_model = self._build(self.precision.weights, trainable=False) if self.algo.kl_coef > 0 else None
         gae_critic = self.algo.adv_estimator == "gae"
         # placement=separate: the values come with each batch from the critic's own ranks (CriticWorker)
         self.critic = Critic(self) if gae_critic and self.algo.critic.placement == "colocated" else None
@@ -171,19 +171,15 @@ class LearnerWorker:
         else:
             model.eval()
             model.requires_grad_(False)
-        self.shard(model)
+        self.shard(model, self.precision)
         return model
 
-    def shard(self, model: torch.nn.Module) -> None:
-        """FSDP2 over the learner's ranks (asyncrl/learner/distributed.py `shard_fsdp2`)."""
-        shard_fsdp2(model, self.world_size, self.device)
+    def shard(self, model: torch.nn.Module, p: Precision) -> None:
+        """FSDP2 over the learner's ranks with `p`'s mixed precision (asyncrl/learner/distributed.py `shard_fsdp2`)."""
+        shard_fsdp2(model, self.world_size, p)
 
     def _autocast(self):
-        if self.device.startswith("cuda") and self.world_size == 1:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        if self.cpu_bf16:
-            return torch.autocast("cpu", dtype=torch.bfloat16)
-        return nullcontext()
+        return compute_context(self.precision, self.device)
 
     def _logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
         """Logits [K, V] of the kept positions of `mb` (row-major order of mb.keep)."""
