@@ -17,10 +17,8 @@ import time
 from pathlib import Path
 from typing import IO, Optional
 
+from asyncrl.run_dir import RunLayout
 from asyncrl.secrets import REDACTED, is_secret
-
-LOG_FILE = "train.log"
-OVERRIDES_FILE = "overrides.yaml"
 
 
 class _Tee:
@@ -56,7 +54,7 @@ class ConsoleLog:
     that write to them) into run_dir/train.log for the duration of the block."""
 
     def __init__(self, run_dir: Path, secret_values: list[str]):
-        self.path = Path(run_dir) / LOG_FILE
+        self.path = RunLayout(Path(run_dir)).train_log
         self.secrets = [s for s in secret_values if s]
         self._file: Optional[IO[str]] = None
         self._saved: list[tuple[logging.StreamHandler, IO[str]]] = []
@@ -88,7 +86,7 @@ def write_overrides(run_dir: Path, overrides: list[str]) -> Path:
         key, sep, _ = ov.partition("=")
         shown = f"{key}={REDACTED}" if sep and is_secret(key.lstrip("+~")) else ov
         lines.append("- " + _yaml_quote(shown))
-    path = Path(run_dir) / OVERRIDES_FILE
+    path = RunLayout(Path(run_dir)).overrides
     path.write_text("\n".join(lines) + ("\n" if lines else "[]\n"))
     return path
 

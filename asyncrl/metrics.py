@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.run_dir import RunLayout
 from asyncrl.secrets import redacted, secret_env_set
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class MetricsLogger:
         `budget_ends_at`: when (time.time()) trainer.max_minutes ends the run; the ETA is never past it.
         `secret_env`: what `asyncrl.secrets.withhold_env` withheld (WANDB_API_KEY); put back in the
         environment only while an online wandb starts its service, never for offline."""
-        self.path = Path(output_dir) / "metrics.jsonl"
+        self.path = RunLayout(Path(output_dir)).metrics
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1)
         self.total_steps = total_steps

@@ -1,5 +1,10 @@
-"""A run owns its directory: the lock, the run record, and what a start does with what it finds there.
+"""A run owns its directory: its layout, the lock, the run record, and what a start does with what it finds there.
 
+- The layout (`LAYOUT`, `RunLayout`): every file and folder name a run writes at its directory's top level,
+  each an `Entry` with a one-line description and whether it is the run's state (moved aside by a fresh
+  start, below), and how checkpoint directories below `checkpoints/` are named (`checkpoint_name`,
+  `checkpoint_step`). The one place these names are spelled: every other module takes its paths from here
+  (tests/core/test_run_layout.py fails on a second spelling under asyncrl/).
 - `RunLock`: `fcntl.flock` on `<dir>/run.lock`, held by `asyncrl train` for its whole life (the kernel
   releases it when the process ends, however it ends). The file holds a JSON line naming the holder
   (pid, host, start time, run id), for the message of a second run that finds it taken: that run exits
@@ -10,8 +15,8 @@
   weights: a resumed run numbers its new weights above it, never reusing a discarded policy's number).
 - `prepare_run`: what `trainer.resume` does with the directory's state (record, checkpoints, buffer log):
   `off` refuses a directory holding another run's state, `auto` resumes the newest checkpoint or, with
-  none, moves the previous run's files aside and starts a new run, so that no data of the old run
-  trains the new learner.
+  none, moves the previous run's files (the layout's run-state entries, `RUN_STATE`) aside and starts a
+  new run, so that no data of the old run trains the new learner.
 
 Run ids are `[0-9a-z]{1,16}` (8 random base36 characters when made here); they prefix every training
 group id (asyncrl/rollout/prompts.py), so two runs' trajectories never share a uid.
@@ -20,6 +25,7 @@ group id (asyncrl/rollout/prompts.py), so two runs' trajectories never share a u
 from __future__ import annotations
 
 import fcntl
+import fnmatch
 import json
 import logging
 import os
@@ -37,16 +43,167 @@ from asyncrl.util.durable import fsync_dir
 
 log = logging.getLogger("asyncrl")
 
-LOCK_FILE = "run.lock"
-RECORD_FILE = "run.json"
-CHECKPOINTS = "checkpoints"  # asyncrl/learner/checkpoint.py names what lies below it
 _RUN_ID = re.compile(r"[0-9a-z]{1,16}")
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+# ---------------------------------------------------------------------------------------------- the layout
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One name at a run directory's top level. A family of names (one per worker, per discarded run) is a
+    glob with one `*`; `named` makes its members."""
+
+    name: str
+    is_dir: bool
+    run_state: bool  # the run's own: moved aside by `trainer.resume=auto` when no checkpoint resumes the run
+    what: str  # one line: what it holds, and who writes it
+
+    def matches(self, name: str) -> bool:
+        return fnmatch.fnmatchcase(name, self.name)
+
+    def named(self, part: str) -> str:
+        """The member of this family that `part` names (what its `*` stands for)."""
+        if self.name.count("*") != 1:
+            raise ValueError(f"{self.name!r} is one name, not a family of names: it has no member {part!r}")
+        if not part or "/" in part or "*" in part:
+            raise ValueError(f"{part!r} cannot name a member of {self.name!r} (empty, or holds '/' or '*')")
+        return self.name.replace("*", part)
+
+
+LOCK = Entry("run.lock", False, False, "the directory's lock (`RunLock`): a JSON line naming its live holder")
+RECORD = Entry("run.json", False, True, "the run record (`RunRecord`): run id, creation time, highest published version")
+CONFIG = Entry("config.json", False, True, "the run's config as resolved, secrets withheld (asyncrl/run/controller.py)")
+OVERRIDES = Entry("overrides.yaml", False, True, "the overrides as typed, secrets redacted (asyncrl/console_log.py)")
+TRAIN_LOG = Entry("train.log", False, True, "what `asyncrl train` printed, secrets redacted (asyncrl/console_log.py)")
+METRICS = Entry("metrics.jsonl", False, True, "one JSON line per step and per eval (asyncrl/metrics.py)")
+TRAINED_UIDS = Entry("trained_uids.jsonl", False, True, "{step, version, uids} per trained step (asyncrl/run/controller.py)")
+DROPPED_GROUPS = Entry("dropped_groups.jsonl", False, True,
+                       "{step, group_id, reason} per group the buffer closed unserved (asyncrl/run/fleet.py)")
+TRAJECTORIES = Entry("trajectories-w*.jsonl", False, True,
+                     "rollout worker k's readable trajectories (asyncrl/rollout/trajectory_log.py)")
+SUMMARY = Entry("summary.json", False, True, "how the run ended and what it did (asyncrl/run/controller.py)")
+CHECKPOINTS = Entry("checkpoints", True, True,
+                    "the learner's checkpoints, one per `checkpoint_name` (asyncrl/learner/checkpoint.py)")
+BUFFER = Entry("buffer", True, True, "the replay buffer's log, unless buffer.wal_dir puts it elsewhere (asyncrl/buffer/wal.py)")
+WEIGHT_SYNC = Entry("weight_sync", True, True,
+                    "weights sent to the engines through files, unless trainer.weight_sync.disk_dir (asyncrl/weight_sync/)")
+ENGINES = Entry("engines", True, True, "one log dir per engine launch (asyncrl/run/engine_actor.py)")
+ENGINE_RESTART_WEIGHTS = Entry("engine_restart_weights", True, True,
+                               "the weights a relaunched engine starts from (asyncrl/run/supervisor.py)")
+FINAL = Entry("final", True, True, "the trained model as a Hugging Face dir, exported at the run's end")
+WANDB = Entry("wandb", True, True, "the wandb library's own files, unless trainer.wandb=off (asyncrl/metrics.py)")
+REPORT = Entry("report", True, True, "`asyncrl report`'s plots and summary.md of metrics.jsonl (asyncrl/commands/report.py)")
+WARM_START = Entry("warm_start", True, False, "the warm start's demonstrations, SFT run and model; kept across starts: "
+                   "a start with the same plan reuses or resumes it (asyncrl/sft/warm_start.py)")
+WARM_START_DISCARDED = Entry(WARM_START.name + "-discarded-*", True, False,
+                             "a warm start made by another plan, moved aside (asyncrl/sft/warm_start.py)")
+DISCARDED = Entry("discarded-*", True, False, "a previous run's files, moved aside by trainer.resume=auto (`aside_dir`)")
+# every name a run writes at its directory's top level; tests/e2e/test_train.py checks real runs against it
+LAYOUT: tuple[Entry, ...] = (LOCK, RECORD, CONFIG, OVERRIDES, TRAIN_LOG, METRICS, TRAINED_UIDS, DROPPED_GROUPS,
+                             TRAJECTORIES, SUMMARY, CHECKPOINTS, BUFFER, WEIGHT_SYNC, ENGINES, ENGINE_RESTART_WEIGHTS,
+                             FINAL, WANDB, REPORT, WARM_START, WARM_START_DISCARDED, DISCARDED)
 # a previous run's files, moved aside by `resume=auto` when it finds no checkpoint (nothing else is touched)
-RUN_FILES = ("run.json", "checkpoints", "buffer", "metrics.jsonl", "trained_uids.jsonl", "dropped_groups.jsonl",
-             "summary.json", "config.json", "engines", "engine_restart_weights", "weight_sync", "final", "wandb")
-RUN_FILE_GLOBS = ("trajectories-w*.jsonl",)
+RUN_STATE: tuple[Entry, ...] = tuple(e for e in LAYOUT if e.run_state)
+ASIDE_BUFFER_LOG = "buffer-log"  # in a discarded-* dir: the run's buffer log when buffer.wal_dir put it elsewhere
+LOCK_FILE, RECORD_FILE = LOCK.name, RECORD.name
+
+# below checkpoints/: one directory `step_NNNNNN` per checkpoint, its critic part (if any) beside it
+CHECKPOINT_PREFIX = "step_"
+CRITIC_SUFFIX = ".critic"
+_CHECKPOINT_NAME = re.compile(re.escape(CHECKPOINT_PREFIX) + r"(\d+)")
+
+
+def layout_entry(name: str) -> Optional[Entry]:
+    """The entry of `LAYOUT` that a top-level name belongs to, or None (a file no run writes)."""
+    return next((e for e in LAYOUT if e.matches(name)), None)
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """The paths of one run directory's files (`LAYOUT`). An `asyncrl sft` output dir, and a run's
+    `warm_start/`, hold SFT's `metrics`, `checkpoints` and `final` under the same names."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    def path(self, entry: Entry) -> Path:
+        if "*" in entry.name:
+            raise ValueError(f"{entry.name!r} is a family of names: name one member (Entry.named)")
+        return self.root / entry.name
+
+    lock = property(lambda self: self.path(LOCK))
+    record = property(lambda self: self.path(RECORD))
+    config = property(lambda self: self.path(CONFIG))
+    overrides = property(lambda self: self.path(OVERRIDES))
+    train_log = property(lambda self: self.path(TRAIN_LOG))
+    metrics = property(lambda self: self.path(METRICS))
+    trained_uids = property(lambda self: self.path(TRAINED_UIDS))
+    dropped_groups = property(lambda self: self.path(DROPPED_GROUPS))
+    summary = property(lambda self: self.path(SUMMARY))
+    checkpoints = property(lambda self: self.path(CHECKPOINTS))
+    buffer = property(lambda self: self.path(BUFFER))
+    weight_sync = property(lambda self: self.path(WEIGHT_SYNC))
+    engines = property(lambda self: self.path(ENGINES))
+    engine_restart_weights = property(lambda self: self.path(ENGINE_RESTART_WEIGHTS))
+    final = property(lambda self: self.path(FINAL))
+    wandb = property(lambda self: self.path(WANDB))
+    report = property(lambda self: self.path(REPORT))
+    warm_start = property(lambda self: self.path(WARM_START))
+
+    def trajectories(self, worker_id: int) -> Path:
+        """Rollout worker `worker_id`'s trajectory file."""
+        return self.root / TRAJECTORIES.named(str(int(worker_id)))
+
+    def trajectory_files(self) -> list[Path]:
+        return sorted(self.root.glob(TRAJECTORIES.name))
+
+    def checkpoint(self, step: int) -> Path:
+        return step_dir(self.checkpoints, step)
+
+
+def checkpoint_name(step: int) -> str:
+    """The directory name of the checkpoint of `step` (`step_NNNNNN`, six digits or more)."""
+    if step < 0:
+        raise ValueError(f"checkpoint step must be >= 0, got {step}")
+    return f"{CHECKPOINT_PREFIX}{step:06d}"
+
+
+def checkpoint_step(path: str | os.PathLike) -> Optional[int]:
+    """The step that a checkpoint directory's name says, or None for a name that is no checkpoint's."""
+    m = _CHECKPOINT_NAME.fullmatch(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def step_dir(root: str | os.PathLike, step: int) -> Path:
+    """The checkpoint of `step` under `root` (a `checkpoints/` dir)."""
+    return Path(root) / checkpoint_name(step)
+
+
+def checkpoint_dirs(root: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(step, dir) of every checkpoint directory under `root`, by step (not by name order or mtime)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted((s, p) for p in root.iterdir() if (s := checkpoint_step(p)) is not None and p.is_dir())
+
+
+def latest_checkpoint(root: str | os.PathLike) -> Optional[Path]:
+    """The newest `step_NNNNNN` directory under `root` (the highest step), or None."""
+    found = checkpoint_dirs(root)
+    return found[-1][1] if found else None
+
+
+def critic_dir(step_path: str | os.PathLike) -> Path:
+    """Where a critic on its own ranks saves its part of checkpoint `step_path`: beside it (`step_NNNNNN.critic`),
+    written BEFORE the learner's part (whose save commits the trained batches to the buffer), so a complete
+    learner checkpoint always has its critic (asyncrl/run/fleet.py)."""
+    p = Path(step_path)
+    return p.with_name(p.name + CRITIC_SUFFIX)
 
 
 class RunDirError(Exception):
@@ -95,7 +252,7 @@ class RunLock:
     """The directory's lock (see the module doc). `acquire` raises `RunDirBusy` when a live process holds it."""
 
     def __init__(self, directory: Path):
-        self.path = Path(directory) / LOCK_FILE
+        self.path = RunLayout(directory).lock
         self.fd: Optional[int] = None
         self.started = time.time()
 
@@ -170,7 +327,7 @@ class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def read_record(directory: Path) -> Optional[RunRecord]:
-    p = Path(directory) / RECORD_FILE
+    p = RunLayout(directory).record
     if not p.exists():
         return None
     try:
@@ -186,7 +343,7 @@ def read_record(directory: Path) -> Optional[RunRecord]:
 
 def write_record(directory: Path, rec: RunRecord) -> None:
     """Atomically: a crash leaves the old record or the new one, never a torn one."""
-    p = Path(directory) / RECORD_FILE
+    p = RunLayout(directory).record
     tmp = p.with_name(p.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(msgspec.json.encode(rec))
@@ -219,18 +376,16 @@ class RunStart:
 
 
 def _latest_checkpoint(directory: Path) -> Optional[Path]:
-    from asyncrl.learner.checkpoint import checkpoints_root, latest_checkpoint
-
-    return latest_checkpoint(checkpoints_root(directory))
+    return latest_checkpoint(RunLayout(directory).checkpoints)
 
 
 def _state(directory: Path, wal_dir: Path) -> list[str]:
     """What of a run's state the directory holds (empty: none)."""
     found = []
-    if (directory / RECORD_FILE).exists():
-        found.append(RECORD_FILE)
+    if RunLayout(directory).record.exists():
+        found.append(RECORD.name)
     if _latest_checkpoint(directory) is not None:
-        found.append("checkpoints")
+        found.append(CHECKPOINTS.name)
     if wal_dir.is_dir() and any(wal_dir.iterdir()):
         found.append(f"a buffer log ({wal_dir})")
     return found
@@ -245,7 +400,7 @@ def prepare_run(directory: Path, wal_dir: Path, resume: str, now: Optional[float
         ckpt = _latest_checkpoint(directory)
         if ckpt is not None:
             if old is None:
-                raise RunDirError(f"{directory} holds checkpoints but no {RECORD_FILE} (written by an asyncrl "
+                raise RunDirError(f"{directory} holds checkpoints but no {RECORD.name} (written by an asyncrl "
                                   f"without run ids): its buffer log cannot be resumed; start a new run in "
                                   f"another dir (trainer.run_name=NAME or trainer.output_dir=DIR)")
             return RunStart(old.run_id, old, ckpt)
@@ -274,21 +429,21 @@ def prepare_run(directory: Path, wal_dir: Path, resume: str, now: Optional[float
 
 def aside_dir(directory: Path, old_run_id: str, now: Optional[float] = None) -> Path:
     """A new `<directory>/discarded-<old run id>-<time>[-n]/` for a previous run's files."""
-    dest = directory / f"discarded-{old_run_id}-{timestamp_name(now)}"
+    stamp = f"{old_run_id}-{timestamp_name(now)}"
+    dest = directory / DISCARDED.named(stamp)
     n = 1
     while dest.exists():
         n += 1
-        dest = directory / f"discarded-{old_run_id}-{timestamp_name(now)}-{n}"
+        dest = directory / DISCARDED.named(f"{stamp}-{n}")
     dest.mkdir()
     return dest
 
 
 def move_aside(directory: Path, wal_dir: Path, dest: Path) -> None:
-    """Move a previous run's files (`RUN_FILES`, `RUN_FILE_GLOBS`, and its buffer log wherever it lies) into
+    """Move a previous run's files (every name of a `RUN_STATE` entry, and its buffer log wherever it lies) into
     `dest`; nothing else in the directory is touched."""
-    names = [directory / f for f in RUN_FILES] + [p for g in RUN_FILE_GLOBS for p in sorted(directory.glob(g))]
-    for p in names:
-        if p.exists() or p.is_symlink():
+    for p in sorted(directory.iterdir()):
+        if any(e.matches(p.name) for e in RUN_STATE):
             os.replace(p, dest / p.name)
     if wal_dir.exists():  # an explicit buffer.wal_dir outside the run dir
-        os.replace(wal_dir, dest / "buffer-log")
+        os.replace(wal_dir, dest / ASIDE_BUFFER_LOG)

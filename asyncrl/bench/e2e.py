@@ -21,6 +21,7 @@ from asyncrl.bench.rounds import MIN_ROUNDS, interleave, ratio, summary
 from asyncrl.config import load_config
 from asyncrl.metrics import read_metrics
 from asyncrl.run.controller import run as train
+from asyncrl.run_dir import RunLayout
 from asyncrl.testing import build_tiny_model
 
 
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> dict:
             out = root / f"{mode}-{len(results[mode])}"
             if train(load_config(_overrides(args, model, out, mode))) != 0:
                 raise RuntimeError(f"{mode} run failed; see {out}")
-            results[mode].append(summarize(read_metrics(out / "metrics.jsonl")))
+            results[mode].append(summarize(read_metrics(RunLayout(out).metrics)))
             return results[mode][-1]["trajectories_per_s"]
         return one
 

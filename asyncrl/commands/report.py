@@ -15,6 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from asyncrl.run_dir import METRICS, RunLayout
+
 PANELS: list[tuple[str, str, list[str]]] = [  # (file stem, title, metric keys; a key ending in * is a prefix)
     ("reward", "reward and its parts", ["train/reward_mean", "train/reward/*"]),
     ("eval", "evaluation", ["eval/*"]),
@@ -34,9 +36,9 @@ class ReportError(ValueError):
 
 def read_records(run_dir: Path) -> list[dict[str, Any]]:
     """The run's metric records in file order; lines that do not parse (a torn last line) are skipped."""
-    path = run_dir / "metrics.jsonl"
+    path = RunLayout(run_dir).metrics
     if not path.is_file():
-        raise ReportError(f"{run_dir}: no metrics.jsonl (is this the output dir of an `asyncrl train` run?)")
+        raise ReportError(f"{run_dir}: no {METRICS.name} (is this the output dir of an `asyncrl train` run?)")
     out = []
     for line in path.read_text(errors="replace").splitlines():
         try:
@@ -105,7 +107,7 @@ def write_report(run_dir: str | Path, window: int = 5) -> list[Path]:
         raise ReportError(f"--window must be >= 1, got {window}")
     run_dir = Path(run_dir)
     records = read_records(run_dir)
-    out = run_dir / "report"
+    out = RunLayout(run_dir).report
     out.mkdir(exist_ok=True)
     plots = []
     for stem, title, patterns in PANELS:

@@ -19,7 +19,7 @@ from typing import Any
 from asyncrl.commands.train_args import TrainArgs, TrainArgsError, expand_sweep
 from asyncrl.config import ConfigError, group_options, load_config
 from asyncrl.metrics import read_metrics
-from asyncrl.run_dir import timestamp_name
+from asyncrl.run_dir import RunLayout, timestamp_name
 
 MAX_SWEEP_RUNS = 256
 RUN_DIR_KEYS = ("trainer.output_dir", "trainer.run_name")
@@ -91,12 +91,12 @@ def run_sweep(args: TrainArgs) -> int:
 def _result(k: int, vary: list[str], out: Path, rc: int) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     try:
-        summary = json.loads((out / "summary.json").read_text())
+        summary = json.loads(RunLayout(out).summary.read_text())
     except (OSError, ValueError):
         pass
     reward = None
     try:
-        rewards = [m["train/reward_mean"] for m in read_metrics(out / "metrics.jsonl") if "train/reward_mean" in m]
+        rewards = [m["train/reward_mean"] for m in read_metrics(RunLayout(out).metrics) if "train/reward_mean" in m]
         reward = rewards[-1] if rewards else None
     except (OSError, ValueError):
         pass

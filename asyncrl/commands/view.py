@@ -27,8 +27,9 @@ def run_decoder(run_dir: Path) -> tuple[Optional[Callable[[int], str]], str]:
     try:
         from asyncrl.config import ModelConfig, from_dict
         from asyncrl.models import load_tokenizer
+        from asyncrl.run_dir import RunLayout
 
-        model = json.loads((run_dir / "config.json").read_text())["model"]
+        model = json.loads(RunLayout(run_dir).config.read_text())["model"]
         tok = load_tokenizer(from_dict(ModelConfig, model))
     except Exception as e:  # a viewer without a tokenizer still shows everything but token text
         return None, f"{type(e).__name__}: {e}"

@@ -11,10 +11,11 @@ Atomicity: every rank writes into `<path>.tmp`; after a barrier rank 0 writes CO
 renames the directory to `<path>` (a previous `<path>` is first moved to `<path>.old` and deleted after).
 A crash at any point leaves either no `<path>`, or a complete one: never a half-written one that loads.
 
-Naming (the one place it is spelled): a run's checkpoints live under `<output_dir>/checkpoints/`, one
-directory `step_NNNNNN` per checkpoint (`step_dir`); `latest_checkpoint` finds the newest and
-`prune_checkpoints` keeps the newest `keep`. Only the run holding the directory's lock (asyncrl/run_dir.py)
-writes or prunes them.
+Naming is asyncrl/run_dir.py's, the owner of the run directory's layout: a run's checkpoints live under
+`<output_dir>/checkpoints/` (`RunLayout.checkpoints`), one directory `step_NNNNNN` per checkpoint
+(`checkpoint_name`, `step_dir`; `checkpoint_step` parses one), a critic's part beside it (`critic_dir`);
+`latest_checkpoint` finds the newest. Here `prune_checkpoints` keeps the newest `keep`. Only the run holding
+the directory's lock (asyncrl/run_dir.py) writes or prunes them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -36,33 +36,17 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from asyncrl.run_dir import RunLayout, checkpoint_dirs, critic_dir
+from asyncrl.run_dir import latest_checkpoint as latest_checkpoint  # re-exported: the naming is run_dir's
+from asyncrl.run_dir import step_dir as step_dir
 from asyncrl.util.durable import fsync_dir
 
 MARKER = "COMPLETE"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def checkpoints_root(output_dir: str | os.PathLike) -> Path:
-    return Path(output_dir) / "checkpoints"
-
-
-def step_dir(root: str | os.PathLike, step: int) -> Path:
-    if step < 0:
-        raise ValueError(f"checkpoint step must be >= 0, got {step}")
-    return Path(root) / f"step_{step:06d}"
-
-
-def _step_dirs(root: str | os.PathLike) -> list[tuple[int, Path]]:
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    return sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir())
-
-
-def latest_checkpoint(root: str | os.PathLike) -> Path | None:
-    """The newest `step_NNNNNN` directory under `root` (the highest step), or None."""
-    found = _step_dirs(root)
-    return found[-1][1] if found else None
+    """`RunLayout(output_dir).checkpoints`, for this module's callers."""
+    return RunLayout(Path(output_dir)).checkpoints
 
 
 def checkpoint_version(path: str | os.PathLike) -> int:
@@ -71,17 +55,9 @@ def checkpoint_version(path: str | os.PathLike) -> int:
     return int(meta["version"])
 
 
-def critic_dir(step_path: str | os.PathLike) -> Path:
-    """Where a critic on its own ranks saves its part of checkpoint `step_path`: beside it, written BEFORE the
-    learner's part (whose save commits the trained batches to the buffer), so a complete learner checkpoint
-    always has its critic."""
-    p = Path(step_path)
-    return p.with_name(p.name + ".critic")
-
-
 def prune_checkpoints(root: str | os.PathLike, keep: int) -> None:
     """Delete all but the newest `keep` checkpoints under `root` (keep <= 0: delete none), with their critics."""
-    found = _step_dirs(root)
+    found = checkpoint_dirs(root)
     for _, p in found[:-keep] if keep > 0 else []:
         shutil.rmtree(p, ignore_errors=True)
         shutil.rmtree(critic_dir(p), ignore_errors=True)

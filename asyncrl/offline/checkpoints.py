@@ -18,10 +18,9 @@ from typing import Optional
 
 import yaml
 
-from asyncrl.learner.checkpoint import MARKER, latest_checkpoint
-from asyncrl.run_dir import CHECKPOINTS, RECORD_FILE
+from asyncrl.learner.checkpoint import MARKER
+from asyncrl.run_dir import RECORD, RunLayout, latest_checkpoint
 
-OVERRIDES_FILE = "overrides.yaml"
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin", "model*.safetensors.index.json")
 
 
@@ -51,14 +50,14 @@ def is_training_checkpoint(path: Path) -> bool:
 def owning_run_dir(path: Path) -> Optional[Path]:
     """The run dir `path` is (run.json), or lies in as `final/` or `checkpoints/step_N`."""
     for candidate in (path, path.parent, path.parent.parent):
-        if (candidate / RECORD_FILE).is_file():
+        if RunLayout(candidate).record.is_file():
             return candidate
     return None
 
 
 def run_overrides(run_dir: Path) -> list[str]:
     """The run's recorded command-line overrides (`overrides.yaml`), minus what only a training run uses."""
-    f = run_dir / OVERRIDES_FILE
+    f = RunLayout(run_dir).overrides
     if not f.is_file():
         return []
     try:
@@ -86,13 +85,14 @@ def resolve_model_source(spec: Optional[str]) -> ModelSource:
     run = owning_run_dir(path)
     overrides = run_overrides(run) if run is not None else []
     if run is not None and path == run:
-        if is_hf_dir(run / "final"):
-            return ModelSource(label=spec, hf_dir=run / "final", run_dir=run, run_overrides=overrides)
-        latest = latest_checkpoint(run / CHECKPOINTS)
+        layout = RunLayout(run)
+        if is_hf_dir(layout.final):
+            return ModelSource(label=spec, hf_dir=layout.final, run_dir=run, run_overrides=overrides)
+        latest = latest_checkpoint(layout.checkpoints)
         if latest is not None and (latest / MARKER).is_file():
             return ModelSource(label=spec, training_checkpoint=latest, run_dir=run, run_overrides=overrides)
         raise CheckpointPathError(f"MODEL {spec!r} is a run dir with nothing to evaluate: no exported model in "
-                                  f"{run / 'final'} and no complete checkpoint under {run / CHECKPOINTS}")
+                                  f"{layout.final} and no complete checkpoint under {layout.checkpoints}")
     if is_training_checkpoint(path):
         if not (path / MARKER).is_file():
             raise CheckpointPathError(f"MODEL {spec!r} is an incomplete training checkpoint (no {MARKER} marker: its "
@@ -103,6 +103,6 @@ def resolve_model_source(spec: Optional[str]) -> ModelSource:
     found = sorted(p.name for p in path.iterdir())[:8]
     raise CheckpointPathError(
         f"MODEL {spec!r} is not a model: expected a Hugging Face dir (config.json and *.safetensors or "
-        f"pytorch_model*.bin), an asyncrl checkpoint (checkpoints/step_N with {MARKER}) or a run dir ({RECORD_FILE} "
+        f"pytorch_model*.bin), an asyncrl checkpoint (checkpoints/step_N with {MARKER}) or a run dir ({RECORD.name} "
         f"and final/); it holds {found or 'nothing'}"
     )

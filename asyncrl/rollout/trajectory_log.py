@@ -18,12 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.data.schema import Trajectory
-
-FILE_GLOB = "trajectories-w*.jsonl"
-
-
-def file_name(worker_id: int) -> str:
-    return f"trajectories-w{worker_id}.jsonl"
+from asyncrl.run_dir import RunLayout
 
 
 def trajectory_record(traj: Trajectory, now: float | None = None) -> dict[str, Any]:
@@ -47,7 +42,7 @@ class TrajectoryLog:
     """Appends a seeded `fraction` of the trajectories it is given to `output_dir/trajectories-w<worker>.jsonl`."""
 
     def __init__(self, output_dir: str | Path, worker_id: int, fraction: float, seed: int):
-        self.path = Path(output_dir) / file_name(worker_id)
+        self.path = RunLayout(Path(output_dir)).trajectories(worker_id)
         self.fraction = fraction
         self._rng = random.Random(seed * 1000 + worker_id)
 

@@ -36,11 +36,21 @@ import ray
 from asyncrl import registry
 from asyncrl.config import Config
 from asyncrl.console_log import ConsoleLog, write_overrides
-from asyncrl.learner.checkpoint import checkpoint_version, checkpoints_root, prune_checkpoints
+from asyncrl.learner.checkpoint import checkpoint_version, prune_checkpoints
 from asyncrl.metrics import MetricsLogger
 from asyncrl.run.fleet import Fleet, load_rows
 from asyncrl.run.watchdog import Verdict, Watchdog
-from asyncrl.run_dir import RunDirError, RunLock, RunStart, VersionLog, describe_holder, prepare_run, run_dir
+from asyncrl.run_dir import (
+    RunDirError,
+    RunLayout,
+    RunLock,
+    RunStart,
+    VersionLog,
+    checkpoint_step,
+    describe_holder,
+    prepare_run,
+    run_dir,
+)
 from asyncrl.secrets import shown_config, withhold_env
 from asyncrl.util.auth import ENV as ENGINE_TOKEN_ENV
 from asyncrl.util.auth import ensure_token
@@ -72,12 +82,12 @@ def run(cfg: Config, rows: list[dict] | None = None, overrides: list[str] | None
     try:
         if (dead := lock.acquire()) is not None:
             log.warning("took over the lock of %s in %s: that process is gone", describe_holder(dead), out)
-        wal_dir = Path(cfg.buffer.wal_dir).resolve() if cfg.buffer.wal_dir else out / "buffer"
+        wal_dir = Path(cfg.buffer.wal_dir).resolve() if cfg.buffer.wal_dir else RunLayout(out).buffer
         start = prepare_run(out, wal_dir, cfg.trainer.resume)
         lock.set_run_id(start.run_id)
         if start.resume_from is not None:
             log.info("resuming run %s from step %d (version %d) in %s", start.run_id,
-                     int(start.resume_from.name.split("_")[1]), checkpoint_version(start.resume_from), out)
+                     checkpoint_step(start.resume_from), checkpoint_version(start.resume_from), out)
     except RunDirError as e:
         lock.release()
         print(f"asyncrl train: {e}", file=sys.stderr, flush=True)
@@ -98,7 +108,8 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
     # engines load weights from disk only below the run's directories: absolute, whatever an actor's cwd
     cfg.trainer.output_dir = str(out)
     disk_dir = cfg.trainer.weight_sync.disk_dir
-    cfg.trainer.weight_sync.disk_dir = str(Path(disk_dir).resolve() if disk_dir else out / "weight_sync")
+    layout = RunLayout(out)
+    cfg.trainer.weight_sync.disk_dir = str(Path(disk_dir).resolve() if disk_dir else layout.weight_sync)
     # the run's engine token (the user's ASYNCRL_ENGINE_TOKEN for attached engines, else a fresh one):
     # a local Ray instance's workers inherit this process's environment; a joined cluster's get it
     # through the job's runtime_env (never argv, the config or a log line)
@@ -114,7 +125,7 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
     warm, ended = _warm_start(cfg, env, rows, out, start, stop_signal)
     if ended is not None:
         return ended
-    (out / "config.json").write_text(json.dumps(shown_config(cfg), indent=2))  # model.path: what RL starts from
+    layout.config.write_text(json.dumps(shown_config(cfg), indent=2))  # model.path: what RL starts from
     budget = (f"; time budget {cfg.trainer.max_minutes:g} min from the start, warm start included "
               f"(trainer.max_minutes; 0: none)" if cfg.trainer.max_minutes else "")
     log.info("run %s in %s; %d training prompts; mode %s, max_staleness %d%s", start.run_id, out, len(rows),
@@ -141,7 +152,7 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
         log.error("stopping: %s", e.verdict.diagnosis)
         if fleet.step > fleet.last_checkpoint_step:
             try:
-                fleet.checkpoint(checkpoints_root(out))
+                fleet.checkpoint(layout.checkpoints)
             except Exception as ce:  # the stop goes on: its reason matters more than this checkpoint
                 log.error("the checkpoint before stopping failed: %r", ce)
     except KeyboardInterrupt:
@@ -149,7 +160,7 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
         signum = stop_signal.get("signum", signal.SIGINT)
         ending.update(exit_code=128 + signum, exit_reason=f"interrupted ({signal.Signals(signum).name})")
         if cfg.trainer.checkpoint_every and fleet.step > fleet.last_checkpoint_step:
-            fleet.checkpoint(checkpoints_root(out))
+            fleet.checkpoint(layout.checkpoints)
     except BaseException as e:
         ending.update(exit_reason=f"crashed: {e!r}"[:500])
         raise
@@ -217,7 +228,8 @@ def settle(ending: dict[str, Any], counts: dict[str, Any]) -> dict[str, Any]:
 
 def _report(out: Path, summary: dict[str, Any]) -> None:
     """The run's summary as summary.json and one line on stdout; a watchdog's diagnosis last on stderr."""
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    path = RunLayout(out).summary
+    path.write_text(json.dumps(summary, indent=2))
     n = {k: "?" if summary.get(k) is None else summary[k] for k in ("steps_trained", "episodes", "episodes_failed", "prompts_skipped",
                                          "groups_dropped_stale", "groups_dropped_failed", "worker_restarts",
                                          "engine_restarts")}
@@ -225,7 +237,7 @@ def _report(out: Path, summary: dict[str, Any]) -> None:
           f"trained; {n['episodes']} episodes stored, {n['episodes_failed']} failed; {n['prompts_skipped']} prompts "
           f"skipped; groups dropped unserved: {n['groups_dropped_stale']} stale, {n['groups_dropped_failed']} all "
           f"failed; {n['worker_restarts']} worker and {n['engine_restarts']} engine restarts; summary in "
-          f"{out / 'summary.json'}", flush=True)
+          f"{path}", flush=True)
     if summary["diagnosis"]:
         print(f"asyncrl train: stopped: {summary['diagnosis']}", file=sys.stderr, flush=True)
 
@@ -252,7 +264,8 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, ver
                deadline: float | None = None) -> None:
     """Train until trainer.total_steps, or until the next step is not expected to end by `deadline`
     (time.monotonic(); `next_step_fits`); then checkpoint and export final/."""
-    ckpt_dir = checkpoints_root(out)
+    layout = RunLayout(out)
+    ckpt_dir = layout.checkpoints
     t = cfg.trainer
     watchdog = Watchdog(stall_timeout_s=t.stall_timeout_s, max_failed_fraction=t.max_failed_episode_fraction,
                         window=t.failed_episode_window, now=time.monotonic())
@@ -268,7 +281,7 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, ver
                                     fleet.worker_states()))
 
     step_seconds: list[float] = []
-    with open(out / "trained_uids.jsonl", "a") as uids_file:
+    with open(layout.trained_uids, "a") as uids_file:
         while fleet.step < cfg.trainer.total_steps:
             if not next_step_fits(time.monotonic(), deadline, step_seconds):
                 log.info("trainer.max_minutes=%g: %s after %d of %d steps; ending the run", t.max_minutes,
@@ -303,4 +316,4 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, ver
         fleet.checkpoint(ckpt_dir)
     for step, ev in fleet.finished_evals(wait=True):
         metrics.log(step, ev)
-    fleet.export(out / "final")
+    fleet.export(layout.final)

@@ -4,7 +4,7 @@
 evaluator) and runs one step's operations on them. It leaves the rest to their owners:
 - the learner ranks are driven as one through `LearnerGroup` (asyncrl/run/learner_group.py);
 - health checks and restarts are the `Supervisor`'s (asyncrl/run/supervisor.py);
-- checkpoint naming is `asyncrl.learner.checkpoint`'s, the CPU split `asyncrl.util.cpus`'s.
+- the run directory's names (checkpoints included) are `asyncrl.run_dir`'s, the CPU split `asyncrl.util.cpus`'s.
 
 The policy version is the learner's. The fleet learns it from each `StepResult` (or from the learner
 on resume) and `publish_version` is the one path by which it reaches the readers: the buffer (which
@@ -33,18 +33,19 @@ from asyncrl.config import Config
 from asyncrl.data.group_ids import parse_group_id
 from asyncrl.data.job_state import JobState, RolloutPosition, RolloutState, StepResult
 from asyncrl.envs.base import load_rows
-from asyncrl.learner.checkpoint import critic_dir, step_dir
+from asyncrl.learner.checkpoint import MARKER
 from asyncrl.run.learner_group import CriticGroup, LearnerGroup
 from asyncrl.run.supervisor import Supervisor
+from asyncrl.run_dir import RunLayout, critic_dir, step_dir
 
 log = logging.getLogger("asyncrl")
 STOP_TIMEOUT_S = 30.0
-DROPPED_GROUPS_FILE = "dropped_groups.jsonl"  # {step, group_id, reason: stale | failed} a line
 
 
 class Fleet:
     def __init__(self, cfg: Config, out: Path, rows: list[dict[str, Any]], run_id: str):
         self.cfg, self.out, self.rows, self.run_id = cfg, out, rows, run_id
+        self.layout = RunLayout(out)
         self.step = self.last_checkpoint_step = 0
         self.optimizer_steps_skipped = 0  # the learner's count of steps skipped for a non-finite loss/grad norm
         self.version = 0  # the learner's version as last published (set only by publish_version)
@@ -77,7 +78,7 @@ class Fleet:
         status("preparing the model")
         model_dir = str(resolve_model_dir(cfg.model))  # converts the default model once, here
         status("starting the replay buffer")
-        wal_dir = cfg.buffer.wal_dir or str(self.out / "buffer")
+        wal_dir = cfg.buffer.wal_dir or str(self.layout.buffer)
         keys = BufferKeys.for_run(cfg.buffer)  # None without CURVE; each process gets only its role's pair
         self.buffer = BufferActor.remote(cfg.buffer, wal_dir, cfg.algorithm.max_staleness, keys)
         address = ray.get(self.buffer.address.remote())
@@ -108,7 +109,7 @@ class Fleet:
         if self.critics is not None:
             self.critics.wait_ready()
         self.supervisor = Supervisor(engines=self.engines, engine_urls=self.engine_urls, learners=self.learners,
-                                     base_weights=model_dir, restart_weights=self.out / "engine_restart_weights",
+                                     base_weights=model_dir, restart_weights=self.layout.engine_restart_weights,
                                      spawn_worker=self._spawn_worker, buffer=self.buffer,
                                      probe_timeout_s=cfg.engine.probe_timeout_s)
         positions = [RolloutPosition() for _ in range(cfg.trainer.rollout_workers)]
@@ -117,7 +118,7 @@ class Fleet:
             status(f"loading checkpoint {resume_from}")
             if self.critics is not None:  # its part first: written before the learner's (checkpoint.py)
                 critic_part = critic_dir(resume_from)
-                if not (critic_part / "COMPLETE").is_file():
+                if not (critic_part / MARKER).is_file():
                     raise ValueError(f"checkpoint {resume_from} has no complete critic part at {critic_part} "
                                      "(saved without algorithm.critic.placement=separate?)")
                 self.critics.load_checkpoint(str(critic_part))
@@ -181,7 +182,7 @@ class Fleet:
         """Deliver the groups the buffer closed unserved to the workers that own them (see the module doc)."""
         taken = _quietly(lambda: ray.get(self.buffer.take_dropped.remote(), timeout=STOP_TIMEOUT_S)) or []
         if taken:  # the viewer's record of why these groups never trained (asyncrl/view/records.py)
-            with open(self.out / DROPPED_GROUPS_FILE, "a") as f:
+            with open(self.layout.dropped_groups, "a") as f:
                 f.writelines(json.dumps({"step": self.step, "group_id": gid, "reason": why}) + "\n"
                              for gid, why in taken)
         self._undelivered += [gid for gid, _ in taken]

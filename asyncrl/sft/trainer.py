@@ -27,6 +27,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from asyncrl import registry
+
 RAW_ARGS = True  # Hydra overrides mix with the flags: parsed here
 
 
@@ -133,10 +135,11 @@ def main(args: argparse.Namespace) -> int:
         plan = SftPlan(out=Path(a.out), epochs=a.epochs, batch=a.batch, lr=a.lr, seed=a.seed,
                        val_every=a.val_every, checkpoint_every=a.checkpoint_every)
         cfg = sft_config(load_config(overrides), plan, len(schedule(len(rows), a.epochs, a.batch, a.seed)))
+        registry.load_all(cfg.plugins)  # a tool_parser plugin writes the assistant turns (render_conversation)
         tok = load_tokenizer(cfg.model)
         trajs = [render_conversation(tok, cfg.agent, r, uid=f"sft-{i}") for i, r in enumerate(rows)]
         val = [render_conversation(tok, cfg.agent, r, uid=f"val-{i}") for i, r in enumerate(val_rows)]
-    except (ValueError, ConfigError, DataError) as e:
+    except (ValueError, ConfigError, DataError, registry.PluginError) as e:  # ToolFormatError is a ValueError
         print(f"asyncrl sft: {e}", file=sys.stderr)
         return 2
     from asyncrl.util.stop_signals import interrupted, stopping_on_signals
@@ -167,14 +170,15 @@ def train(cfg: Any, trajs: list[Any], val: list[Any], plan: SftPlan, label: str 
     """Train `cfg` (made by `sft_config`) on the rendered conversations `trajs` as `plan` says; resumes from the
     newest checkpoint in plan.out; exports plan.out/final; metrics in plan.out/metrics.jsonl. `label`: put before
     each progress line (asyncrl train's warm start)."""
-    from asyncrl.learner.checkpoint import checkpoints_root, latest_checkpoint, step_dir
     from asyncrl.learner.worker import LearnerWorker
     from asyncrl.metrics import MetricsLogger
+    from asyncrl.run_dir import RunLayout, latest_checkpoint
 
     out = Path(plan.out)
+    layout = RunLayout(out)  # an SFT dir holds metrics.jsonl, checkpoints/ and final/ as a run dir does
     out.mkdir(parents=True, exist_ok=True)
     steps = schedule(len(trajs), plan.epochs, plan.batch, plan.seed)
-    latest: Optional[Path] = latest_checkpoint(checkpoints_root(out))
+    latest: Optional[Path] = latest_checkpoint(layout.checkpoints)
     metrics = MetricsLogger(out, wandb_mode="off", progress=cfg.trainer.progress, total_steps=len(steps),
                             label=label)
     try:
@@ -192,7 +196,7 @@ def train(cfg: Any, trajs: list[Any], val: list[Any], plan: SftPlan, label: str 
         per_epoch = math.ceil(len(trajs) / plan.batch)
 
         def save(step: int) -> None:
-            worker.save_checkpoint(str(step_dir(checkpoints_root(out), step)),
+            worker.save_checkpoint(str(layout.checkpoint(step)),
                                    {"step": step, "sft_steps": len(steps), "rows": len(trajs)})
 
         loss = float("nan")
@@ -212,7 +216,7 @@ def train(cfg: Any, trajs: list[Any], val: list[Any], plan: SftPlan, label: str 
                 save(step)
         if start < len(steps) or latest is None:
             save(len(steps))
-        worker.export_hf(str(out / "final"))
+        worker.export_hf(str(layout.final))
     finally:
         metrics.close()
-    return SftResult(steps=len(steps), final=out / "final", train_loss=loss, resumed_at=start)
+    return SftResult(steps=len(steps), final=layout.final, train_loss=loss, resumed_at=start)

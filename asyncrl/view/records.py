@@ -27,10 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from asyncrl.rollout.trajectory_log import FILE_GLOB
+from asyncrl.run_dir import RunLayout
 
-TRAINED_FILE = "trained_uids.jsonl"
-DROPPED_FILE = "dropped_groups.jsonl"
 TOOL_ERROR_KINDS = ("invalid_json", "unknown_tool", "bad_arguments", "tool_timeout", "tool_error")
 
 
@@ -120,13 +118,14 @@ class RunReader:
 
     def poll(self) -> int:
         """Read what was appended since the last poll; the number of new trajectories."""
-        for rec in self._new_lines(self.run_dir / TRAINED_FILE):
+        layout = RunLayout(self.run_dir)
+        for rec in self._new_lines(layout.trained_uids):
             for uid in rec.get("uids") or []:
                 self.trained[str(uid)] = (int(rec.get("step", 0)), int(rec.get("version", rec.get("step", 1) - 1)))
-        for rec in self._new_lines(self.run_dir / DROPPED_FILE):
+        for rec in self._new_lines(layout.dropped_groups):
             self.dropped[str(rec.get("group_id"))] = (int(rec.get("step", 0)), str(rec.get("reason", "")))
         new = 0
-        for path in sorted(self.run_dir.glob(FILE_GLOB)):
+        for path in layout.trajectory_files():
             for rec in self._new_lines(path):
                 if "uid" not in rec or str(rec["uid"]) in self.by_uid:
                     continue

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from .test_train import _kill_tree, _overrides
+from asyncrl.run_dir import RUN_STATE, layout_entry
+
+from .test_train import _check_layout, _kill_tree, _overrides
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -70,3 +72,10 @@ def test_a_live_run_keeps_its_dir_and_a_killed_one_is_set_aside_by_resume_auto(t
     assert len(new_uids) == len(set(new_uids)) == 8 and all(u.startswith(f"{new_id}-g") for u in new_uids)
     [aside] = out.glob(f"discarded-{old_id}-*")
     assert {u for rec in _trained(aside) for u in rec["uids"]} == old_uids and (aside / "buffer").is_dir()
+    # every name both runs wrote is declared, and what was moved aside is the killed run's state, all of it:
+    # the new run's console log and overrides are its own, the old ones went with the old run
+    _check_layout(out)
+    assert all(layout_entry(p.name) in RUN_STATE for p in aside.iterdir()), sorted(p.name for p in aside.iterdir())
+    assert {"train.log", "overrides.yaml", "config.json", "metrics.jsonl", "engines"} <= {p.name for p in aside.iterdir()}
+    for log_file in (out / "train.log", aside / "train.log"):
+        assert log_file.read_text().count("==== asyncrl train started") == 1, log_file

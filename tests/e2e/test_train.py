@@ -22,6 +22,7 @@ from zmq.utils import z85
 
 from asyncrl.buffer.keys import BufferKeys
 from asyncrl.metrics import read_metrics
+from asyncrl.run_dir import layout_entry
 from asyncrl.view.records import RunReader
 
 pytestmark = [pytest.mark.timeout(420)]
@@ -108,6 +109,16 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+def _check_layout(out: Path) -> None:
+    """Every file and folder the run wrote at its directory's top level is a name the layout declares
+    (asyncrl/run_dir.py `LAYOUT`), of the kind it declares: a name spelled anywhere else fails here."""
+    names = {p.name: p.is_dir() for p in out.iterdir()}
+    undeclared = sorted(n for n in names if layout_entry(n) is None)
+    assert not undeclared, f"{out} holds names asyncrl/run_dir.py's LAYOUT does not declare: {undeclared}"
+    kind = sorted(n for n, is_dir in names.items() if layout_entry(n).is_dir != is_dir)
+    assert not kind, f"{out}: a file where the layout declares a folder, or the reverse: {kind}"
+
+
 def _check_run(out: Path, steps: int, max_staleness: int, stale_drops_allowed: bool = False) -> list[dict]:
     """Every step trained once, at its version, on 2 groups x 2 samples; no episode failed. With
     `stale_drops_allowed`, a batch may be short by members the buffer dropped as stale (a group whose
@@ -124,6 +135,7 @@ def _check_run(out: Path, steps: int, max_staleness: int, stale_drops_allowed: b
     assert recs[-1]["rollout/episodes_failed"] == 0 and recs[-1]["buffer/groups_dropped_failed"] == 0
     assert (out / "checkpoints" / f"step_{steps:06d}").is_dir()
     assert (out / "final" / "config.json").is_file()
+    _check_layout(out)
     dumped = list(out.glob("trajectories-w*.jsonl"))
     assert dumped and sum(1 for _ in open(dumped[0])) >= 4
     uids = [u for rec in _trained(out) for u in rec["uids"]]
@@ -298,6 +310,7 @@ def test_a_spent_time_budget_starts_no_step_and_ends_the_run_as_completed_with_i
     assert summary["exit_reason"] == "completed at the time budget (trainer.max_minutes=0.0001): 0 of 3 steps", summary
     assert summary["steps_trained"] == 0, summary
     assert (out / "final" / "config.json").is_file() and not _trained(out)
+    _check_layout(out)
     assert "trainer.max_minutes=0.0001: the budget is spent after 0 of 3 steps; ending the run" in res.stderr
 
 
@@ -319,6 +332,7 @@ def test_every_episode_failing_stops_the_run_with_a_diagnosis(tiny_model_dir, tm
     assert (summary["exit_code"], summary["steps_trained"], summary["episodes"]) == (4, 0, 0), summary
     assert summary["episodes_failed"] > 0 and summary["groups_dropped_failed"] > 0, summary
     assert "stopped by the watchdog (failing)" in res.stdout, res.stdout[-2000:]
+    _check_layout(out)
 
 
 def test_sync_baseline_with_curve_on_trains_and_writes_no_secret_to_its_output_dir_or_argv(
