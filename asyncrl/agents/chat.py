@@ -17,13 +17,15 @@ make the ids drift.
 
 Tools go into the prompt the way the template does it (`apply_chat_template(..., tools=schemas)`)
 when its source mentions `tools`; otherwise (e.g. SmolLM2's ChatML template) as hermes-style text
-appended to the system message (`hermes_tools_text`).
+appended to the system message (`hermes_tools_text`: the hermes parser plugin's `tools_text`, found in the
+registry; the parser owns its format's spelling).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, Optional
+
+from asyncrl import registry
 
 _MARK = "\x00"
 _PREFIX = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
@@ -31,13 +33,9 @@ DEFAULT_SYSTEM = "You are a helpful assistant."
 
 
 def hermes_tools_text(schemas: list[dict[str, Any]]) -> str:
-    """The tool instructions of hermes-style templates (as in Qwen2.5's), for templates without tools."""
-    lines = "\n".join(json.dumps(s, ensure_ascii=False) for s in schemas)
-    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-            f"{lines}\n</tools>\n\nFor each function call, return a json object with function name and "
-            "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+    """The tool instructions of hermes-style templates (as in Qwen2.5's), for templates without tools: the
+    hermes parser's (`tools_text`; the parser plugin owns the format's spelling)."""
+    return registry.get("tool_parser", "hermes").tools_text(schemas)
 
 
 class ChatFormat:

@@ -13,7 +13,9 @@ config (`plugins: [...]`). The kinds and what each implements:
   interaction  `Interaction`: the feedback turn after an answer (`respond(...) -> (done, text, reward, info)`)
   reward       a function of keywords (`final_text`, `ground_truth`, `extra_info`, `tool_rewards`,
                `turn_rewards`) -> a float or a dict with `score` (as `Env.reward`)
-  tool_parser  reads a model's text into `ToolCall`s (`Parsed`)
+  tool_parser  reads a model's text into `ToolCall`s (`parse -> Parsed`) and writes an assistant turn back in
+               its format (`render(content, calls) -> str`, for SFT and the warm start; what it cannot
+               write is a `ToolFormatError`): asyncrl/agents/tool_calls.py
   openai_agent_fn  an OpenAI-client agent function run against the per-episode proxy
                (asyncrl/agents/openai_agent.py says its signature)
   loss         `(LossInputs, algorithm_cfg) -> PolicyTerms`  (torch)
@@ -29,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from asyncrl.agents.base import AgentContext, AgentLoop, Episode
-from asyncrl.agents.tool_calls import Parsed, ToolCall
+from asyncrl.agents.tool_calls import Parsed, ToolCall, ToolFormatError
 from asyncrl.data.schema import Trajectory
 from asyncrl.envs.base import DemoCall, DemoError, DemoTurn, Env, Sample
 from asyncrl.envs.interactions import Interaction
@@ -40,7 +42,7 @@ _TORCH_CONTRACTS = {"LossInputs": "asyncrl.learner.losses", "PolicyTerms": "asyn
 
 __all__ = [
     "AgentContext", "AgentLoop", "DemoCall", "DemoError", "DemoTurn", "Env", "Episode", "Interaction",
-    "LossInputs", "Parsed", "PolicyTerms", "Sample", "Tool", "ToolCall", "ToolError", "Trajectory",
+    "LossInputs", "Parsed", "PolicyTerms", "Sample", "Tool", "ToolCall", "ToolError", "ToolFormatError", "Trajectory",
     "alias", "register",
 ]
 

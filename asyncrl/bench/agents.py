@@ -36,7 +36,7 @@ from transformers import AutoTokenizer
 
 from asyncrl.agents.base import AgentContext, run_episode
 from asyncrl.agents.chat import ChatFormat
-from asyncrl.agents.tool_calls import ToolCall
+from asyncrl.agents.tool_calls import ToolCall, resolve_parser
 from asyncrl.agents.tool_runner import ToolRunner
 from asyncrl.config import AgentConfig, ModelConfig, SamplingConfig
 from asyncrl.engine.base import GenerateResult, SamplingParams
@@ -78,11 +78,15 @@ def _tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(resolve_model_dir(ModelConfig()))
 
 
+def _calculator_call(expression: str) -> str:
+    """A reply calling the calculator, written by the default tool parser (hermes), which owns its format."""
+    return resolve_parser(AgentConfig().tool_parser).render("", [ToolCall("calculator", {"expression": expression})])
+
+
 def bench_delta(tok: Any, turns: int, repeats: int) -> dict[str, float]:
     chat = ChatFormat(tok)
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    gen = tok.encode('<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 7 + 3"}}</tool_call>',
-                     add_special_tokens=False) + [im_end]
+    gen = tok.encode(_calculator_call("12 * 7 + 3"), add_special_tokens=False) + [im_end]
     result = "Doc 1: " + "a passage of retrieved text " * 20
     base = [{"role": "user", "content": "Question " * 30}]
     delta_s, full_s = [], []
@@ -142,9 +146,7 @@ async def bench_sandbox(repeats: int) -> dict[str, float]:
 async def bench_loop(tok: Any, episodes: int) -> dict[str, float]:
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     replies = [tok.encode(t, add_special_tokens=False) + [im_end] for t in (
-        '<tool_call>{"name": "calculator", "arguments": {"expression": "3*4"}}</tool_call>',
-        '<tool_call>{"name": "calculator", "arguments": {"expression": "12+5"}}</tool_call>',
-        "Answer: 17")]
+        _calculator_call("3*4"), _calculator_call("12+5"), "Answer: 17")]
     ctx = AgentContext(engine=ReplayEngine(replies), tokenizer=tok, cfg=AgentConfig(),
                        tool_specs=load_tool_specs(["calculator"]), reward_fn=lambda **kw: 1.0)
     t0 = time.perf_counter()

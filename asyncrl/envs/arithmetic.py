@@ -23,12 +23,14 @@ Train and val are disjoint (no val problem text appears in train) and each is a 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from asyncrl.agents.tool_calls import ToolCall, resolve_parser
 from asyncrl.config import EnvConfig
 from asyncrl.data.rows import write_rows
 from asyncrl.envs.base import Env
@@ -41,7 +43,7 @@ MAX_LEVEL = 4
 
 INSTRUCTION = (
     "Solve the problem. You can call the calculator tool, for example\n"
-    "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"16 + 7\"}}\n</tool_call>\n"
+    "{example}\n"
     "Finish with a last line \"Answer: N\", for example \"Answer: 23\".\n\n"
 )
 OPTIONS = ("format_reward",)  # env.options this env understands
@@ -146,11 +148,18 @@ def generate(seed: int, split: str, n: int, levels: list[int], exclude: set[str]
     return out
 
 
+@functools.cache
+def instruction() -> str:
+    """INSTRUCTION with its example call written by the hermes parser, which owns that format (the rows are
+    data, built apart from any run: their example is hermes whatever agent.tool_parser reads the replies)."""
+    return INSTRUCTION.format(example=resolve_parser("hermes").render("", [ToolCall("calculator", {"expression": "16 + 7"})]))
+
+
 def to_row(p: dict[str, Any], split: str, index: int, format_reward: float = 0.0) -> dict[str, Any]:
     gt = str(p["answer"])
     row = {
         "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": INSTRUCTION + p["question"]}],
+        "prompt": [{"role": "user", "content": instruction() + p["question"]}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": gt},
         "extra_info": {

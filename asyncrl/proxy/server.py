@@ -196,7 +196,7 @@ class ProxyServer:
     async def chat(self, s: Session, body: dict[str, Any]) -> Any:
         req = parse_chat(body)
         chat = self.chat_format(req.tools)
-        prompt_ids, mapped = s.chat_prompt(chat, req.messages)
+        prompt_ids, mapped = s.chat_prompt(chat, req.messages, self.parser)
         s.messages_mapped += mapped
         rec = await self.generate(s, "chat", prompt_ids, req.sampling, "messages")
         rec.content = rec.text

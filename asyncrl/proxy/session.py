@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from asyncrl.agents.chat import ChatFormat
+from asyncrl.agents.tool_calls import ToolCall, ToolFormatError
 from asyncrl.agents.trajectory_builder import TrajectoryBuilder
 from asyncrl.data.schema import Trajectory
 
+from .errors import bad
 from .requests import Message
 
 MatchKey = tuple[str, tuple[tuple[str, str], ...]]
@@ -64,9 +66,10 @@ def _arguments(text: str) -> Any:
     return obj
 
 
-def render_message(m: Message, supports_tools: bool) -> dict[str, Any]:
-    """A request message as the chat template takes it; tool calls as the template renders them, or as
-    hermes `<tool_call>` blocks in the content for templates without tool support."""
+def render_message(m: Message, supports_tools: bool, tool_format: Any) -> dict[str, Any]:
+    """A request message as the chat template takes it; tool calls as the template renders them, or, for a
+    template without tool support, written into the content by `tool_format` (agent.tool_parser's parser:
+    its `render`, asyncrl/agents/tool_calls.py); a parser that cannot write them is a 400 naming it."""
     d: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.role == "tool" and m.name:
         d["name"] = m.name
@@ -75,9 +78,14 @@ def render_message(m: Message, supports_tools: bool) -> dict[str, Any]:
             d["tool_calls"] = [{"id": c.id, "type": "function",
                                 "function": {"name": c.name, "arguments": _arguments(c.arguments)}} for c in m.tool_calls]
         else:
-            blocks = "\n".join("<tool_call>\n" + json.dumps({"name": c.name, "arguments": _arguments(c.arguments)},
-                                                            ensure_ascii=False) + "\n</tool_call>" for c in m.tool_calls)
-            d["content"] = f"{m.content}\n{blocks}" if m.content else blocks
+            calls = [ToolCall(c.name, _arguments(c.arguments)) for c in m.tool_calls]
+            try:
+                if not callable(getattr(tool_format, "render", None)):
+                    raise ToolFormatError(f"agent.tool_parser's parser ({type(tool_format).__name__}) has no render, "
+                                          "and the chat template does not render tool_calls")
+                d["content"] = tool_format.render(m.content or "", calls)
+            except ToolFormatError as e:
+                raise bad("messages", f"an assistant message's tool_calls cannot be written as text: {e}") from None
     return d
 
 
@@ -141,10 +149,11 @@ class Session:
                 return r
         return None
 
-    def chat_prompt(self, chat: ChatFormat, messages: list[Message]) -> tuple[list[int], int]:
+    def chat_prompt(self, chat: ChatFormat, messages: list[Message], tool_format: Any) -> tuple[list[int], int]:
         """The prompt ids of a chat request (module docstring) and how many assistant messages were
-        mapped to recorded output ids."""
-        rendered = [render_message(m, chat.supports_tools) for m in messages]
+        mapped to recorded output ids. `tool_format`: the parser that writes tool calls for a template
+        without tool support (`render_message`)."""
+        rendered = [render_message(m, chat.supports_tools, tool_format) for m in messages]
         matches = [self.find(m) if i > 0 else None for i, m in enumerate(messages)]
         merged = chat.prompt_messages(rendered)  # may open with a new system message for the tools text
         matches = [None] * (len(merged) - len(rendered)) + matches

@@ -30,8 +30,9 @@ Checks:
             that does not fit fails its episodes with PromptTooLongError). Evaluation rows that do not
             fit are always an error: dropping them would change what the evaluation measures from one
             run to the next;
-  warm start warm_start.mode=on with an env or agent that cannot demonstrate (asyncrl/sft/warm_start.py
-            `why_not`) is an error; auto there, or with a model.path of the user's own, a warning.
+  warm start warm_start.mode=on with an env or agent that cannot demonstrate, or an agent.tool_parser that
+            cannot write its turns (no `render`; asyncrl/sft/warm_start.py `why_not`), is an error; auto there,
+            or with a model.path of the user's own, a warning.
 Numeric ranges are the config schema's (`asyncrl/config.py`, checked at load).
 """
 
@@ -291,14 +292,14 @@ def check_training_sample(ds: Dataset) -> tuple[list[int], list[dict[str, Any]],
 # ----------------------------------------------------------------------------- all of them
 
 
-def check_warm_start(cfg: Config, env: Env, problems: list[str], warnings: list[str]) -> str:
-    """warm_start.mode=on needs an env and agent that can demonstrate (a problem otherwise); auto runs no warm
-    start without them or with a model.path of the user's own (a warning saying which). Returns what will run
-    before RL, for the report."""
+def check_warm_start(cfg: Config, env: Env, problems: list[str], warnings: list[str], tokenizer: Any = None) -> str:
+    """warm_start.mode=on needs an env and agent that can demonstrate and an agent.tool_parser that renders (a
+    problem otherwise); auto runs no warm start without them or with a model.path of the user's own (a warning
+    saying which). Returns what will run before RL, for the report."""
     from asyncrl.sft.warm_start import skipped_because
 
     ws = cfg.warm_start
-    reason = skipped_because(cfg, env) if ws.mode != "off" else None
+    reason = skipped_because(cfg, env, tokenizer) if ws.mode != "off" else None
     if ws.mode == "on" and reason:
         problems.append(f"warm_start.mode=on: {reason}; set warm_start.mode=off to start RL from model.path")
     elif reason:
@@ -362,7 +363,7 @@ def preflight(cfg: Config) -> PreflightReport:
     long_val = too_long(val_lengths, limit, "evaluation")
     if long_val:
         problems.append(f"{long_val} (raise agent.max_prompt_tokens; evaluation rows are never dropped)")
-    warm = check_warm_start(cfg, env, problems, warnings)
+    warm = check_warm_start(cfg, env, problems, warnings, tokenizer)
     if problems:
         raise PreflightError(problems)
     agents = [cfg.agent.name] + sorted({str(r["agent_name"]) for r in train if r.get("agent_name")} - {cfg.agent.name})

@@ -8,10 +8,11 @@ schemas the model was offered). Either may be JSON text (as parquet writers ofte
 
 `render_conversation` produces what tool_agent would have produced had the model written the assistant turns:
 the prompt (the messages before the first assistant turn, with the configured system prompt and the tools
-block, `ChatFormat.prompt_ids`), then each assistant turn as generated tokens (its text and its calls in the
-agent's tool-call format, `render_turn`, then the stop token: loss mask 1), and the messages between
+block, `ChatFormat.prompt_ids`), then each assistant turn as generated tokens (its text and its calls written
+by agent.tool_parser's `render`, `render_turn`, then the stop token: loss mask 1), and the messages between
 assistant turns as the chat template's delta after that turn (loss mask 0). So the loss covers exactly the
-tokens the policy writes at RL time, in the format the agent loop parses.
+tokens the policy writes at RL time, in the format the agent loop parses. A parser that cannot render is a
+ToolFormatError naming it, before a turn is written.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from asyncrl.agents.tool_calls import renderer
 from asyncrl.data.rows import DataError
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -112,6 +114,7 @@ def render_conversation(tokenizer: Any, agent_cfg: Any, row: dict[str, Any], uid
     from asyncrl.envs.base import DemoCall, DemoTurn
     from asyncrl.sft.demos import render_turn
 
+    writer = renderer(agent_cfg.tool_parser, tokenizer)  # ToolFormatError (a ValueError) when it cannot render
     messages, tools = row["messages"], row["tools"]
     first = next(j for j, m in enumerate(messages) if m["role"] == "assistant")
     chat = ChatFormat(tokenizer, tools=tools, system_prompt=agent_cfg.system_prompt)
@@ -129,7 +132,7 @@ def render_conversation(tokenizer: Any, agent_cfg: Any, row: dict[str, Any], uid
             _add(builder, chat.delta_ids(pending, last), False, uid)
             pending = []
         text = render_turn(DemoTurn(m["content"], [DemoCall(c["name"], c["arguments"])
-                                                   for c in m.get("tool_calls", [])]), agent_cfg.tool_parser)
+                                                   for c in m.get("tool_calls", [])]), writer)
         last = chat.encode(text) + [stop]
         if len(last) > agent_cfg.max_turn_tokens:
             raise DataError(f"assistant turn {turns} has {len(last)} tokens, over agent.max_turn_tokens="

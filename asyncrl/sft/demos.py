@@ -5,7 +5,8 @@ text and tool calls; arithmetic: one calculator call with the problem's expressi
 search_r1: one search per hop, then `<answer> X </answer>`). `make_demos` does not write those turns out as
 they are: it plays them through the real agent loop (tool_agent) with `TeacherEngine` standing in for the
 model, so the tools really run (the calculator computes, the retrieval server answers), the conversation has
-exactly the shape and tool-call format the agent loop produces and parses at RL time, and the env's own
+exactly the shape and tool-call format the agent loop produces and parses at RL time (each turn written by the
+configured parser's `render`: agent.tool_parser), and the env's own
 reward function scores it. A demonstration is kept only when it earns the full reward (1.0) and ran every
 scripted turn; every other row is reported with the reason (`DemoReport`).
 
@@ -13,7 +14,7 @@ Each demonstration row (JSONL, the shape `asyncrl sft` reads): `messages` in Ope
 `tool_calls` as {"type": "function", "function": {"name", "arguments": JSON text}}, tool replies as
 {"role": "tool", "name", "content"}), `tools` (the OpenAI tool schemas the agent offered), `data_source`,
 `data_index`, `reward`, and `agent_messages` (the conversation exactly as the agent loop recorded it, tool
-calls as text in the model's format).
+calls as text in the model's format, agent.tool_parser's).
 """
 
 from __future__ import annotations
@@ -23,21 +24,18 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from asyncrl.agents.tool_calls import renderer
 from asyncrl.engine.base import GenerateResult, SamplingParams
 from asyncrl.envs.base import DemoError, DemoTurn
 
-HERMES_PARSERS = ("hermes", "qwen3")  # formats whose calls are <tool_call>{"name", "arguments"}</tool_call>
 
-
-def render_turn(turn: DemoTurn, parser: str) -> str:
-    """The turn as the model would write it in the `parser`'s tool-call format."""
-    if turn.tool_calls and parser not in HERMES_PARSERS:
-        raise DemoError(f"demonstrations are written in the hermes tool-call format; agent.tool_parser={parser!r} "
-                        f"is not one of {', '.join(HERMES_PARSERS)}")
-    blocks = [turn.content] if turn.content else []
-    for c in turn.tool_calls:
-        blocks.append("<tool_call>\n" + json.dumps({"name": c.name, "arguments": c.arguments}) + "\n</tool_call>")
-    return "\n".join(blocks)
+def render_turn(turn: DemoTurn, parser: Any, tokenizer: Any = None) -> str:
+    """The turn as the model writes it in the tool-call format of `parser`: a parser (`renderer`), or an
+    agent.tool_parser name resolved with `tokenizer` (for auto). The parser's own `render` writes it: the format
+    has one owner (asyncrl/agents/tool_calls.py); a format that cannot write the turn is a ToolFormatError."""
+    if isinstance(parser, str):
+        parser = renderer(parser, tokenizer)
+    return parser.render(turn.content, turn.tool_calls)
 
 
 class TeacherEngine:
@@ -101,6 +99,7 @@ async def make_demos(ctx: Any, env: Any, rows: list[tuple[int, dict[str, Any]]],
     from asyncrl.agents.chat import ChatFormat
     from asyncrl.envs.base import Sample
 
+    writer = renderer(ctx.cfg.tool_parser, ctx.tokenizer)  # a parser that cannot render fails here, before any row
     stop = ChatFormat(ctx.tokenizer).stop_token_ids()[0]
     teacher = TeacherEngine(ctx.tokenizer, stop)
     ctx = replace(ctx, engine=teacher)
@@ -111,7 +110,7 @@ async def make_demos(ctx: Any, env: Any, rows: list[tuple[int, dict[str, Any]]],
         sample = Sample.from_row(row, data_index=i, group_id=f"demo-{i}", sample_index=0, group_size=1)
         try:
             turns = env.demo_turns(row)
-            teacher.scripts[sample.uid] = [render_turn(t, ctx.cfg.tool_parser) for t in turns]
+            teacher.scripts[sample.uid] = [render_turn(t, writer) for t in turns]
             async with sem:
                 traj = await run_episode(sample, ctx, agent)
         except Exception as e:  # DemoError, a tool that failed, a prompt over budget: the row is named

@@ -10,7 +10,8 @@ model.path=...`), done by the run itself before any Ray actor starts:
 3. RL starts from its export: `cfg.model.path` becomes RUN_DIR/warm_start/final, for the learner (and its
    reference model), the engines, the rollout workers' tokenizer and the run's config.json.
 
-When: `on` always (the preflight refuses an env or agent that cannot demonstrate: `why_not`); `auto` when
+When: `on` always (the preflight refuses an env or agent that cannot demonstrate, or an agent.tool_parser
+without `render`: `why_not`); `auto` when
 the env and agent can and model.path is unset (the preset's base model; a model of the user's own, such as
 an `asyncrl sft` export, is trained as it is), else RL starts from the configured model and the preflight
 says why in one warning (`skipped_because`); `off` never.
@@ -33,15 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from asyncrl.agents.tool_calls import renderer
 from asyncrl.config import Config, to_dict
 from asyncrl.envs.base import Env, can_demonstrate
-from asyncrl.run_dir import timestamp_name
-from asyncrl.sft.demos import HERMES_PARSERS
+from asyncrl.run_dir import WARM_START_DISCARDED, RunLayout, timestamp_name
 
 log = logging.getLogger("asyncrl")
 
-DIR = "warm_start"
-DEMO_AGENTS = ("tool_agent",)  # agent loops demonstrations are played through (hermes-format tool calls)
+DEMO_AGENTS = ("tool_agent",)  # agent loops demonstrations are played through (calls in agent.tool_parser's format)
 
 
 class WarmStartError(RuntimeError):
@@ -56,24 +56,28 @@ class WarmStart:
     summary: dict[str, Any]
 
 
-def why_not(cfg: Config, env: Env) -> Optional[str]:
-    """Why this run cannot warm start (None: it can): the env must solve its rows (`Env.demo_turns`), and
-    the agent must replay hermes-format demonstrations."""
+def why_not(cfg: Config, env: Env, tokenizer: Any = None) -> Optional[str]:
+    """Why this run cannot warm start (None: it can): the env must solve its rows (`Env.demo_turns`), the agent
+    must replay demonstrations, and agent.tool_parser must write them (`render`; asyncrl/agents/tool_calls.py
+    `renderer`). `tokenizer` resolves agent.tool_parser=auto (without one, auto is not checked here: the
+    preflight passes the model's)."""
     if not can_demonstrate(env):
         return f"env {env.name!r} has no demonstrations (it does not implement demo_turns)"
     if cfg.agent.name not in DEMO_AGENTS:
         return (f"agent={cfg.agent.name}: demonstrations are played through {', '.join(DEMO_AGENTS)}, whose turns "
                 f"are what SFT teaches")
-    if cfg.agent.tool_parser not in HERMES_PARSERS:
-        return (f"agent.tool_parser={cfg.agent.tool_parser!r}: demonstrations are written in the hermes tool-call "
-                f"format ({', '.join(HERMES_PARSERS)})")
+    if cfg.agent.tool_parser != "auto" or tokenizer is not None:
+        try:
+            renderer(cfg.agent.tool_parser, tokenizer)
+        except (ValueError, LookupError) as e:  # ToolFormatError, UnknownToolFormat, an unknown name
+            return str(e)
     return None
 
 
-def skipped_because(cfg: Config, env: Env) -> Optional[str]:
+def skipped_because(cfg: Config, env: Env, tokenizer: Any = None) -> Optional[str]:
     """Why `warm_start.mode` (auto or on) runs no warm start here, or None when it runs: `why_not`, and for
     auto also a model of the user's own (model.path set: an SFT export, a checkpoint), which RL takes as is."""
-    reason = why_not(cfg, env)
+    reason = why_not(cfg, env, tokenizer)
     if reason is None and cfg.warm_start.mode == "auto" and cfg.model.path:
         reason = (f"model.path={cfg.model.path} is set (a model of your own; warm_start.mode=on fine-tunes it on "
                   f"demonstrations first)")
@@ -94,20 +98,20 @@ def run_warm_start(cfg: Config, env: Env, rows: Any, out: Path, resuming_rl: boo
     ws = cfg.warm_start
     if ws.mode == "off" or skipped_because(cfg, env) is not None:
         return None
-    d = out / DIR
+    d = RunLayout(out).warm_start
     plan = json.loads(json.dumps(plan_of(cfg)))  # as read back from plan.json (tuples are lists there)
     plan_file, done_file = d / "plan.json", d / "done.json"
     if d.exists():
         old = _read_json(plan_file)
         if old != plan:
-            aside = out / f"{DIR}-discarded-{timestamp_name()}"
+            aside = out / WARM_START_DISCARDED.named(timestamp_name())
             log.warning("warm start: %s was made %s; moved to %s, starting again", d,
                         "by another plan (model, env, agent, warm_start or seed differ)" if old else "without a plan",
                         aside)
             os.replace(d, aside)
         elif (done := _read_json(done_file)) is not None:
             log.info("warm start: reusing the finished warm start in %s", d)
-            return WarmStart(d / "final", done)  # where the run dir is now, wherever it was then
+            return WarmStart(RunLayout(d).final, done)  # where the run dir is now, wherever it was then
     if resuming_rl:
         log.warning("warm start: resuming RL from its checkpoint; this run had no finished warm start, so none "
                     "is run (the checkpoint holds the policy)")

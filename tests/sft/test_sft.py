@@ -178,3 +178,20 @@ def test_sft_refuses_bad_arguments_before_loading_anything(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     assert trainer.main(argparse.Namespace(argv=[])) == 2
     assert "exactly one training file" in capsys.readouterr().err
+
+
+def test_sft_refuses_a_tool_parser_that_cannot_render_naming_it_before_training(tmp_path, tiny_model_dir, capsys,
+                                                                               plugin_registry):
+    plugin = tmp_path / "parse_only.py"
+    plugin.write_text("from asyncrl.agents.parsers import HermesParser\nfrom asyncrl.registry import register\n\n\n"
+                      "@register('tool_parser', 'sft_parse_only')\nclass ParseOnly:\n    def parse(self, text):\n"
+                      "        return HermesParser().parse(text)\n")
+    data = tmp_path / "calls.jsonl"
+    data.write_text(json.dumps(_conversation()) + "\n")
+    a = _args(tmp_path, data, model=tiny_model_dir)
+    a.items += [f"plugins=[{plugin}]", "agent.tool_parser=sft_parse_only"]
+    assert _run(a) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"asyncrl sft: agent.tool_parser=sft_parse_only is the tool_parser plugin ParseOnly (config "
+                          f"{plugin}), which has no render(content, calls)"), err
+    assert not (tmp_path / "sft" / "metrics.jsonl").exists()  # refused before the learner started

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from asyncrl.sft import trainer
 from asyncrl.sft.warm_start import WarmStartError, run_warm_start, why_not
 
 pytestmark = pytest.mark.timeout(420)
+
+TEMPLATES = Path(__file__).parents[1] / "agents" / "chat_templates"
 
 
 def _overrides(model_dir: Path, out: Path, **extra: object) -> list[str]:
@@ -93,6 +96,46 @@ def test_preflight_refuses_a_warm_start_that_cannot_run_and_says_when_auto_runs_
                           [], tmp_path, resuming_rl=False) is None
     report = preflight(_cfg(tiny_model_dir, tmp_path))
     assert "warm start: SFT on demonstrations of the first 4 training rows (40 epoch(s), lr 0.003" in report.summary()
+
+
+def test_preflight_refuses_a_warm_start_whose_tool_parser_cannot_render(tiny_model_dir, tmp_path, plugin_registry):
+    """A tool_parser plugin with parse only runs RL, but cannot write demonstrations: the preflight names it."""
+    plugin = tmp_path / "parse_only.py"
+    plugin.write_text("from asyncrl.agents.parsers import HermesParser\nfrom asyncrl.registry import register\n\n\n"
+                      "@register('tool_parser', 'parse_only')\nclass ParseOnly:\n    def parse(self, text):\n"
+                      "        return HermesParser().parse(text)\n")
+    extra = {"plugins": f"[{plugin}]", "agent.tool_parser": "parse_only"}
+    with pytest.raises(PreflightError) as e:
+        preflight(_cfg(tiny_model_dir, tmp_path, **extra))
+    [problem] = [p for p in e.value.problems if p.startswith("warm_start.mode=on: ")]
+    assert problem.startswith(f"warm_start.mode=on: agent.tool_parser=parse_only is the tool_parser plugin ParseOnly "
+                              f"(config {plugin}), which has no render(content, calls)"), problem
+    assert "set agent.tool_parser to one that has it: deepseek_v3, hermes, llama3_json" in problem, problem
+    report = preflight(_cfg(tiny_model_dir, tmp_path, **extra, **{"warm_start.mode": "auto"}))
+    assert report.warnings[-1].startswith("no warm start (warm_start.mode=auto): agent.tool_parser=parse_only is "
+                                          "the tool_parser plugin "), report.warnings
+    assert "warm start: none" in preflight(_cfg(tiny_model_dir, tmp_path, **extra, **{"warm_start.mode": "off"})).summary()
+
+
+def test_a_warm_start_in_llamas_format_demonstrates_and_trains_in_it(tiny_model_dir, tmp_path):
+    """agent.tool_parser=llama3_json on a model whose chat template is Llama 3.1's: the preflight lets the warm
+    start run, the demonstrations are written (by the parser's render) and played in Llama's JSON call format,
+    and SFT trains on them."""
+    model = tmp_path / "llama-template-model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").write_text((TEMPLATES / "llama3_1.jinja").read_text())
+    out = tmp_path / "run"
+    cfg = _cfg(model, out, **{"warm_start.epochs": 1, "agent.tool_parser": "llama3_json"})
+    assert "warm start: SFT on demonstrations of the first 4 training rows" in preflight(cfg).summary()
+    warm = _warm(cfg, out)
+    assert (warm.summary["demos"], warm.summary["rejected"], warm.summary["sft_steps"]) == (4, 0, 1)
+    rows = resolve_env("arithmetic").build(cfg.env, "train")
+    demos = [json.loads(x) for x in (out / "warm_start" / "demos-train.jsonl").read_text().splitlines() if x]
+    for d in demos:
+        said = d["agent_messages"][2]["content"]  # the first assistant turn as the agent loop recorded it
+        expr = rows[d["data_index"]]["extra_info"]["expression"]
+        assert json.loads(said) == {"name": "calculator", "parameters": {"expression": expr}}, said
+    assert (warm.model / "config.json").exists()
 
 
 def test_an_env_without_demonstrations_is_named_and_bad_settings_are_refused_at_load(tiny_model_dir, tmp_path):
