@@ -39,6 +39,17 @@ class ConfigError(ValueError):
     """A configuration value is missing, misspelled, of the wrong type or out of range."""
 
 
+def setting(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = dataclasses.MISSING) -> Any:
+    """A config field and its description, as data: `asyncrl train --help` and the CLI reference read the
+    description from the field's metadata (`describe_field`). `factory` for a mutable default."""
+    return field(default=default, default_factory=factory, metadata={"help": help})
+
+
+def describe_field(f: dataclasses.Field) -> str:
+    """A config field's description (empty when it has none)."""
+    return str(f.metadata.get("help", ""))
+
+
 def _check(cond: bool, where: str, msg: str) -> None:
     if not cond:
         raise ConfigError(f"{where}: {msg}")
@@ -67,10 +78,11 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 @dataclass
 class LoraConfig:
-    rank: int = 0  # LoRA adapters of this rank on the target layers (asyncrl/learner/lora.py); 0: full fine-tuning
-    alpha: float = 16.0  # the adapter's scale is alpha / rank
-    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # linear layers, by name
-    seed: int = 0  # the adapters' initialisation (every rank builds the same)
+    rank: int = setting(
+        0, "LoRA adapters of this rank on the target layers (asyncrl/learner/lora.py); 0: full fine-tuning")
+    alpha: float = setting(16.0, "the adapter's scale is alpha / rank")
+    target_modules: list[str] = setting(factory=lambda: list(LORA_TARGETS), help="linear layers, by name")
+    seed: int = setting(0, "the adapters' initialisation (every rank builds the same)")
 
     def __post_init__(self) -> None:
         _check(self.rank >= 0, "model.lora.rank", f"must be >= 0, got {self.rank}")
@@ -80,17 +92,28 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "smollm2-135m"  # a known default model, or "custom" with `path`
-    path: Optional[str] = None  # a local HF checkpoint dir, or a hub id (org/name) in the local HF cache; overrides `name`
-    allow_download: bool = False  # a hub id missing from the local HF cache is downloaded (else: an error)
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: fp32 on CPU, bf16 on GPU
-    attn_implementation: Optional[str] = None  # None: sdpa (flash_attention_2 on GPU when installed)
-    gradient_checkpointing: bool = False
-    cache_dir: Optional[str] = None  # where the default model's safetensors copy is cached
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    # the learner's forward and backward under bf16 autocast on a CPU with native bf16 (avx512_bf16 or amx_bf16;
-    # elsewhere fp32, said once); master weights and optimizer state stay fp32. GPUs always compute in bf16.
-    cpu_bf16: bool = False
+    name: str = setting("smollm2-135m", 'a known default model, or "custom" with `path`')
+    path: Optional[str] = setting(
+        None, "a local HF checkpoint dir, or a hub id (org/name) in the local HF cache; overrides `name`")
+    allow_download: bool = setting(
+        False, "a hub id missing from the local HF cache is downloaded (else: an error)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = setting(
+        "auto",
+        "the learner's and critic's weights: masters and optimizer state (auto, and compute: docs/design.md "
+        '"Precision")',
+    )
+    attn_implementation: Optional[str] = setting(None, "None: sdpa (flash_attention_2 on GPU when installed)")
+    gradient_checkpointing: bool = setting(
+        False,
+        "recompute activations in the backward pass (less memory, more compute): the policy's and critic's",
+    )
+    cache_dir: Optional[str] = setting(None, "where the default model's safetensors copy is cached")
+    lora: LoraConfig = setting(
+        factory=LoraConfig, help="LoRA adapters on the policy (rank 0: full fine-tuning)")
+    cpu_bf16: bool = setting(
+        False,
+        'the learner and critic compute in bf16 where the CPU has native bf16 (docs/design.md "Precision")',
+    )
 
     def __post_init__(self) -> None:
         if self.name == "custom" and not self.path:
@@ -99,28 +122,56 @@ class ModelConfig:
 
 @dataclass
 class EngineConfig:
-    type: Literal["embedded", "sglang"] = "embedded"  # embedded: asyncrl's engine (any device); sglang: GPU
-    num_engines: int = 1  # inference servers launched (each serves the whole model)
-    urls: list[str] = field(default_factory=list)  # attach to running servers instead of launching
-    host: str = "127.0.0.1"
-    device: Optional[str] = None  # None: cuda if available else cpu
-    # auto: bf16 on a GPU and on a CPU with native bf16 (avx512_bf16 / amx_bf16), fp32 on other CPUs
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    max_running_seqs: int = 16
-    max_running_tokens: int = 16384
-    launch_timeout_s: float = 300.0
-    # A client gives up on an engine that accepts connections but never answers after
-    # (max_retries + 1) x request_timeout_s + backoff = 3 x 180 s = 9 min (refused connections fail in
-    # under 2 s); a supervised engine that hangs is killed by the liveness probe long before that.
-    request_timeout_s: float = 180.0
-    max_retries: int = 2
-    # Liveness of launched engines: a one-token /generate under probe_timeout_s each supervisor check;
-    # probe_failures in a row (not counting while the engine reports itself paused for a weight sync)
-    # and the engine's process group is SIGKILLed and relaunched: about 3 x (20 s + 5 s) ~ 75 s.
-    probe_timeout_s: float = 20.0
-    probe_failures: int = 3
-    mem_fraction_static: float = 0.4  # sglang only
-    extra_args: list[str] = field(default_factory=list)  # sglang only, passed to launch_server
+    type: Literal["embedded", "sglang"] = setting(
+        "embedded", "embedded: asyncrl's engine (any device); sglang: GPU")
+    num_engines: int = setting(1, "inference servers launched (each serves the whole model)")
+    urls: list[str] = setting(factory=list, help="attach to running servers instead of launching")
+    host: str = setting(
+        "127.0.0.1",
+        "the address launched engines bind and are reached "
+        "at; a non-loopback one needs ASYNCRL_ENGINE_TOKEN",
+    )
+    device: Optional[str] = setting(None, "None: cuda if available else cpu")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = setting(
+        "auto", "the engine's weights and compute (docs/design.md \"Precision\")")
+    max_running_seqs: int = setting(
+        16,
+        "the embedded engine's batch: requests decoded at once (asyncrl/engine/launcher.py "
+        "launch_configured); SGLang sizes its own (not passed to it)",
+    )
+    max_running_tokens: int = setting(
+        16384,
+        "the embedded engine's prompt + generated tokens of the running requests; a longer prompt gets 400 "
+        "(not passed to SGLang)",
+    )
+    launch_timeout_s: float = setting(
+        300.0,
+        "seconds a launched engine may take to answer /health; episodes "
+        "also wait this long for an unreachable (relaunching) engine",
+    )
+    request_timeout_s: float = setting(
+        180.0,
+        "seconds a client waits for one /generate attempt: a silent engine is given "
+        "up after (max_retries + 1) x this + backoff, ~9 min (a refused connection "
+        "fails in under 2 s; the liveness probe kills a hung engine long before)",
+    )
+    max_retries: int = setting(
+        2,
+        "re-sends of a /generate after a transport error, a timeout "
+        "or a 5xx, with exponential backoff (4xx: none)",
+    )
+    probe_timeout_s: float = setting(
+        20.0,
+        "liveness of launched engines: seconds a one-token "
+        "/generate probe may take at each supervisor check",
+    )
+    probe_failures: int = setting(
+        3,
+        "... failed probes in a row (not counted while the engine is paused for a weight sync) "
+        "before its process group is SIGKILLed and relaunched: about 3 x (20 s + 5 s) ~ 75 s",
+    )
+    mem_fraction_static: float = setting(0.4, "sglang only")
+    extra_args: list[str] = setting(factory=list, help="sglang only, passed to launch_server")
 
     def __post_init__(self) -> None:
         _check(self.num_engines >= 1, "engine.num_engines", f"must be >= 1, got {self.num_engines}")
@@ -135,10 +186,16 @@ class EngineConfig:
 
 @dataclass
 class SamplingConfig:
-    temperature: float = 1.0  # sampling temperature of rollouts (the learner divides logits by it too)
-    top_p: float = 1.0
-    top_k: int = -1
-    min_new_tokens: int = 0
+    temperature: float = setting(
+        1.0, "sampling temperature of rollouts (the learner divides logits by it too)")
+    top_p: float = setting(
+        1.0, "nucleus sampling: draw from the most likely tokens whose mass reaches top_p (1: off)")
+    top_k: int = setting(-1, "draw from the k most likely tokens (-1: off)")
+    min_new_tokens: int = setting(
+        0,
+        "stop tokens are banned for a generation's first this many "
+        "tokens (0: none; > 0 is refused with engine.type=sglang)",
+    )
 
     def __post_init__(self) -> None:
         _check(self.temperature >= 0, "agent.sampling.temperature", f"must be >= 0, got {self.temperature}")
@@ -151,11 +208,14 @@ class SamplingConfig:
 class OpenAIAgentConfig:
     """agent=openai_agent: the user's OpenAI-client agent, run per episode against the proxy (asyncrl/proxy)."""
 
-    function: Optional[str] = None  # a registered openai_agent_fn, or module:fn / file.py:fn
-    command: Optional[list[str]] = None  # else an external command (OPENAI_BASE_URL, OPENAI_API_KEY, sample on stdin)
-    timeout_s: float = 600.0  # one episode's wall clock; the command's process group is killed after it
-    turn_discount: float = 1.0  # a split call's reward: episode reward x discount ** (calls after it)
-    model_name: str = "asyncrl-policy"  # what GET /v1/models lists
+    function: Optional[str] = setting(None, "a registered openai_agent_fn, or module:fn / file.py:fn")
+    command: Optional[list[str]] = setting(
+        None, "else an external command (OPENAI_BASE_URL, OPENAI_API_KEY, sample on stdin)")
+    timeout_s: float = setting(
+        600.0, "one episode's wall clock; the command's process group is killed after it")
+    turn_discount: float = setting(
+        1.0, "a split call's reward: episode reward x discount ** (calls after it)")
+    model_name: str = setting("asyncrl-policy", "what GET /v1/models lists")
 
     def __post_init__(self) -> None:
         _positive(self, "agent.openai", "timeout_s")
@@ -164,20 +224,49 @@ class OpenAIAgentConfig:
 
 @dataclass
 class AgentConfig:
-    name: str = "tool_agent"  # a registered agent loop
-    max_assistant_turns: int = 4
-    max_user_turns: int = 2
-    max_turn_tokens: int = 256  # budget of one generation
-    max_response_tokens: int = 768  # budget of the whole trajectory after the prompt
-    max_prompt_tokens: int = 512
-    tool_parser: str = "hermes"  # how tool calls are read from the text (asyncrl plugins lists them; auto: from the chat template)
-    tool_concurrency: int = 4
-    tool_timeout_s: float = 30.0
-    max_tool_response_tokens: int = 256
-    max_consecutive_invalid_calls: int = 3
-    system_prompt: Optional[str] = None
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    openai: OpenAIAgentConfig = field(default_factory=OpenAIAgentConfig)
+    name: str = setting("tool_agent", "a registered agent loop")
+    max_assistant_turns: int = setting(
+        4, "generations per episode at most (agent=openai_agent: model calls); then finish_reason max_turns")
+    max_user_turns: int = setting(
+        2, "interaction (simulated user) turns per episode at most; tool results are not user turns")
+    max_turn_tokens: int = setting(256, "budget of one generation")
+    max_response_tokens: int = setting(768, "budget of the whole trajectory after the prompt")
+    max_prompt_tokens: int = setting(
+        512,
+        "tokens of the rendered prompt (chat template, system prompt, tool "
+        "schemas); a longer row fails the preflight (env.skip_bad_rows: dropped)",
+    )
+    tool_parser: str = setting(
+        "hermes",
+        "how tool calls are read from the text, and written for SFT and the warm start (asyncrl plugins lists them; "
+        "auto: from the chat template)",
+    )
+    tool_concurrency: int = setting(4, "tool calls of one turn run at once, at most")
+    tool_timeout_s: float = setting(
+        30.0,
+        "seconds a tool's create, execute or release may take; an execute "
+        "past it answers the model with a timeout error",
+    )
+    max_tool_response_tokens: int = setting(
+        256, "a tool reply longer than this many tokens is cut in the middle (counted in tool_truncated)")
+    max_consecutive_invalid_calls: int = setting(
+        3,
+        "invalid tool calls (bad JSON, unknown tool, bad arguments) "
+        "in a row that end the episode (finish_reason invalid_calls)",
+    )
+    system_prompt: Optional[str] = setting(
+        None,
+        "the system message added to a row that has none (None: none, or "
+        '"You are a helpful assistant." where tool instructions need one)',
+    )
+    sampling: SamplingConfig = setting(
+        factory=SamplingConfig,
+        help="how rollouts sample from the policy: temperature, top-p, top-k, min_new_tokens",
+    )
+    openai: OpenAIAgentConfig = setting(
+        factory=OpenAIAgentConfig,
+        help="agent=openai_agent: the user's OpenAI-client agent, run against the run's proxy",
+    )
 
     def __post_init__(self) -> None:
         _at_least(self, "agent", 1, "max_assistant_turns", "max_turn_tokens", "max_response_tokens", "max_prompt_tokens",
@@ -190,30 +279,44 @@ class AgentConfig:
 class ToolSpec:
     """One tool, in verl's YAML shape: class_name (registered name, module:Class or file.py:Class)."""
 
-    class_name: str = ""
-    config: dict[str, Any] = field(default_factory=dict)
-    tool_schema: Optional[dict[str, Any]] = None
+    class_name: str = setting("", "a registered tool, or module.Class / module:Class / file.py:Class")
+    config: dict[str, Any] = setting(
+        factory=dict, help="the tool's own settings, passed to its constructor (e.g. {type: native})")
+    tool_schema: Optional[dict[str, Any]] = setting(
+        None,
+        "the OpenAI function schema shown to the model ({type: "
+        "function, function: {name, ...}}); None: the class's default",
+    )
 
 
 @dataclass
 class InteractionSpec:
-    name: str = ""
-    class_name: str = ""
-    config: dict[str, Any] = field(default_factory=dict)
+    name: str = setting("", "the name a row selects it by (extra_info.interaction_kwargs.name)")
+    class_name: str = setting(
+        "",
+        "a registered interaction, or module:Class / file.py:Class "
+        "(empty: the interaction registered as `name`)",
+    )
+    config: dict[str, Any] = setting(
+        factory=dict, help="the interaction's own settings, passed to its constructor")
 
 
 @dataclass
 class RewardConfig:
-    path: Optional[str] = None  # file.py holding a custom reward function
-    name: Optional[str] = None  # function name in `path`, or a registered reward name
+    path: Optional[str] = setting(None, "file.py holding a custom reward function")
+    name: Optional[str] = setting(None, "function name in `path`, or a registered reward name")
 
 
 @dataclass
 class RetrieverConfig:
-    url: Optional[str] = None  # use a running retrieval server; otherwise the run starts one
-    corpus: Optional[str] = None  # jsonl corpus; None: the env's synthetic corpus
-    topk: int = 3
-    method: Literal["bm25", "dense"] = "bm25"
+    url: Optional[str] = setting(None, "use a running retrieval server; otherwise the run starts one")
+    corpus: Optional[str] = setting(None, "jsonl corpus; None: the env's synthetic corpus")
+    topk: int = setting(3, "documents the search tool returns per query")
+    method: Literal["bm25", "dense"] = setting(
+        "bm25",
+        "ranking of the server the run starts: bm25, or dense "
+        "(all-MiniLM-L6-v2 embeddings); unused with url",
+    )
 
     def __post_init__(self) -> None:
         _at_least(self, "env.retriever", 1, "topk")
@@ -221,20 +324,41 @@ class RetrieverConfig:
 
 @dataclass
 class EnvConfig:
-    name: str = "arithmetic"  # a registered env
-    train_file: Optional[str] = None  # verl-schema parquet; None: the env generates one
-    val_file: Optional[str] = None
-    num_train: int = 2048  # rows the env generates when train_file is None
-    num_val: int = 64  # held-out rows the env generates when val_file is None
-    seed: int = 0
-    difficulty: list[int] = field(default_factory=lambda: [1, 2])
-    skip_bad_rows: bool = False
-    tools: list[ToolSpec] = field(default_factory=list)
-    tools_config: Optional[str] = None  # a verl tool YAML file: {tools: [...]}
-    interactions: list[InteractionSpec] = field(default_factory=list)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
-    options: dict[str, Any] = field(default_factory=dict)  # env-specific knobs
+    name: str = setting("arithmetic", "a registered env")
+    train_file: Optional[str] = setting(None, "verl-schema parquet; None: the env generates one")
+    val_file: Optional[str] = setting(
+        None, "held-out rows for evaluation, in train_file's schema; None: the env generates them")
+    num_train: int = setting(2048, "rows the env generates when train_file is None")
+    num_val: int = setting(64, "held-out rows the env generates when val_file is None")
+    seed: int = setting(0, "seed of the rows the env generates (train and val)")
+    difficulty: list[int] = setting(
+        factory=lambda: [1, 2],
+        help="arithmetic only: problem levels (1..4) of the generated rows, which cycle through them",
+    )
+    skip_bad_rows: bool = setting(
+        False,
+        "training rows that fail validation or whose prompt is over "
+        "agent.max_prompt_tokens are skipped and counted (else: an error)",
+    )
+    tools: list[ToolSpec] = setting(
+        factory=list,
+        help="tools inline, in verl's shape (class_name, config, tool_schema); listed before tools_config's",
+    )
+    tools_config: Optional[str] = setting(None, "a verl tool YAML file: {tools: [...]}")
+    interactions: list[InteractionSpec] = setting(
+        factory=list,
+        help="simulated users rows can select by name "
+             "(extra_info.interaction_kwargs.name): name, class_name, config",
+    )
+    reward: RewardConfig = setting(
+        factory=RewardConfig,
+        help="the reward function: the env's own unless `name` (and `path`) name another",
+    )
+    retriever: RetrieverConfig = setting(
+        factory=RetrieverConfig,
+        help="search_r1's retrieval server: a running one (url), or one the run starts",
+    )
+    options: dict[str, Any] = setting(factory=dict, help="env-specific knobs")
 
     def __post_init__(self) -> None:
         _at_least(self, "env", 1, "num_train")
@@ -245,18 +369,23 @@ class EnvConfig:
 class CriticConfig:
     """The value model of adv_estimator=gae (PPO): on the learner ranks, or on ranks of its own."""
 
-    # colocated: sharded on the learner's ranks (no transfer; the step runs values, policy, critic in turn);
-    # separate: `ranks` processes of its own (FSDP2 over their own group): its update runs while the policy
-    # syncs weights and waits for the next batch
-    placement: Literal["colocated", "separate"] = "colocated"
-    ranks: int = 1  # placement=separate: the critic's ranks
-    path: Optional[str] = None  # a causal-LM checkpoint whose trunk starts the critic (null: the policy's model)
-    lr: float = 1e-5
-    cliprange_value: float = 0.5  # clipped value loss: new values kept within this of the step's old values
-    warmup_steps: int = 0  # steps that train only the critic (the policy is not updated, its version kept)
-    gamma: float = 1.0  # GAE discount over generated tokens
-    lam: float = 0.95  # GAE lambda
-    whiten_advantages: bool = True  # GAE advantages whitened over the batch's generated tokens
+    placement: Literal["colocated", "separate"] = setting(
+        "colocated",
+        "colocated: sharded on the learner's ranks (no transfer; the step runs values, policy, critic in "
+        "turn); separate: `ranks` processes of its own (FSDP2 over their own group): its update runs while "
+        "the policy syncs weights and waits for the next batch",
+    )
+    ranks: int = setting(1, "placement=separate: the critic's ranks")
+    path: Optional[str] = setting(
+        None, "a causal-LM checkpoint whose trunk starts the critic (null: the policy's model)")
+    lr: float = setting(1e-5, "AdamW learning rate of the critic")
+    cliprange_value: float = setting(
+        0.5, "clipped value loss: new values kept within this of the step's old values")
+    warmup_steps: int = setting(
+        0, "steps that train only the critic (the policy is not updated, its version kept)")
+    gamma: float = setting(1.0, "GAE discount over generated tokens")
+    lam: float = setting(0.95, "GAE lambda")
+    whiten_advantages: bool = setting(True, "GAE advantages whitened over the batch's generated tokens")
 
     def __post_init__(self) -> None:
         _positive(self, "algorithm.critic", "lr")
@@ -271,53 +400,92 @@ class CriticConfig:
 
 @dataclass
 class AlgorithmConfig:
-    # how rewards become advantages: grpo | drgrpo | rloo | reinforce_pp, or a registered "advantage" plugin;
-    # gae: PPO with a critic (algorithm.critic), per-token GAE over the generated tokens
-    adv_estimator: str = "grpo"
-    critic: CriticConfig = field(default_factory=CriticConfig)
-    # per-turn credit: turn and tool rewards join the final reward where they arose, and each token's
-    # advantage counts only the rewards from its turn on (asyncrl/learner/advantages.py); built-in estimators
-    turn_credit: bool = False
-    # the policy loss: ppo | gspo | cispo | sapo | reinforce, or a registered "loss" plugin (asyncrl/learner/losses.py)
-    loss: str = "ppo"
-    norm_adv_by_std: bool = True
-    n_samples: int = 4  # samples per prompt (group size)
-    max_staleness: int = 2  # eta: versions a trained token may lag the newest
-    decoupled: bool = True  # proximal forward: ratio against the learner's pre-step weights
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    is_level: Literal["token", "sequence"] = "token"
-    is_threshold: Optional[float] = 2.0  # truncation of the behavior importance weight (null: none, e.g. IcePop)
-    is_reject_low: Optional[float] = None  # reject (mask) tokens/sequences whose weight is below
-    is_reject_high: Optional[float] = None  # ... or above
-    is_seq_mode: Literal["sum", "mean"] = "sum"  # sequence-level log weight: sum of token log ratios, or their mean
-    sapo_tau_pos: float = 1.0  # loss=sapo: gate temperature for tokens with a positive advantage
-    sapo_tau_neg: float = 1.05  # ... and for the others (higher: negative updates are damped faster off-policy)
-    # max_staleness > 0 with nothing correcting staleness (decoupled=false and a loss that ignores the ratio)
-    # is refused unless this is set
-    allow_uncorrected_off_policy: bool = False
-    kl_coef: float = 0.0  # weight of the KL to the frozen initial policy (0: no reference model)
-    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "k3"
-    kl_in_reward: bool = False  # the KL as a per-token reward penalty before GAE (adv_estimator=gae), not a loss term
-    entropy_coef: float = 0.0
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_sum_norm"] = "token_mean"
-    lr: float = 1e-6  # AdamW learning rate of the policy
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    warmup_steps: int = 0
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    min_lr_ratio: float = 0.1
-    grad_clip: float = 1.0
-    epochs: int = 1  # passes over each batch
-    minibatches: int = 1  # optimizer steps per pass
-    micro_batch_tokens: int = 4096  # token budget of one forward/backward
-    packing: bool = True
-    # packed micro-batches score the samples of one prompt as a tree: the prompt once, each response after
-    # it (asyncrl/learner/packing.py); needs sdpa or eager attention, else each sample pays its prompt
-    share_prompts: bool = True
-    # an optimizer step whose loss or grad norm is not finite is skipped (grads dropped, counted in
-    # learner/skipped_steps_nonfinite); this many in a row stop the run
-    max_nonfinite_steps: int = 3
+    adv_estimator: str = setting(
+        "grpo",
+        'how rewards become advantages: grpo | drgrpo | rloo | reinforce_pp, or a registered "advantage" '
+        "plugin; gae: PPO with a critic (algorithm.critic), per-token GAE over the generated tokens",
+    )
+    critic: CriticConfig = setting(
+        factory=CriticConfig, help="the value model of adv_estimator=gae: placement, checkpoint, lr, GAE")
+    turn_credit: bool = setting(
+        False,
+        "per-turn credit: turn and tool rewards join the final reward where they arose, and each token's "
+        "advantage counts only the rewards from its turn on (asyncrl/learner/advantages.py); built-in "
+        "estimators",
+    )
+    loss: str = setting(
+        "ppo",
+        'the policy loss: ppo | gspo | cispo | sapo | reinforce, or a registered "loss" plugin '
+        "(asyncrl/learner/losses.py)",
+    )
+    norm_adv_by_std: bool = setting(
+        True, "grpo: advantages divided by the group's reward std (false: only centred, as drgrpo)")
+    n_samples: int = setting(4, "samples per prompt (group size)")
+    max_staleness: int = setting(2, "eta: versions a trained token may lag the newest")
+    decoupled: bool = setting(True, "proximal forward: ratio against the learner's pre-step weights")
+    clip_low: float = setting(0.2, "the ratio's lower clip bound is 1 - clip_low (ppo, gspo, cispo)")
+    clip_high: float = setting(0.28, "... and its upper bound 1 + clip_high (clip-higher, as DAPO)")
+    is_level: Literal["token", "sequence"] = setting(
+        "token",
+        "the behavior importance weight (truncation, rejection) "
+        "per token, or one per sequence (is_seq_mode)",
+    )
+    is_threshold: Optional[float] = setting(
+        2.0, "truncation of the behavior importance weight (null: none, e.g. IcePop)")
+    is_reject_low: Optional[float] = setting(None, "reject (mask) tokens/sequences whose weight is below")
+    is_reject_high: Optional[float] = setting(None, "... or above")
+    is_seq_mode: Literal["sum", "mean"] = setting(
+        "sum", "sequence-level log weight: sum of token log ratios, or their mean")
+    sapo_tau_pos: float = setting(1.0, "loss=sapo: gate temperature for tokens with a positive advantage")
+    sapo_tau_neg: float = setting(
+        1.05, "... and for the others (higher: negative updates are damped faster off-policy)")
+    allow_uncorrected_off_policy: bool = setting(
+        False,
+        "max_staleness > 0 with nothing correcting staleness (decoupled=false and a loss that ignores the "
+        "ratio) is refused unless this is set",
+    )
+    kl_coef: float = setting(0.0, "weight of the KL to the frozen initial policy (0: no reference model)")
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = setting(
+        "k3", "how the per-token KL to the reference is estimated (asyncrl/learner/losses.py kl_penalty)")
+    kl_in_reward: bool = setting(
+        False, "the KL as a per-token reward penalty before GAE (adv_estimator=gae), not a loss term")
+    entropy_coef: float = setting(0.0, "weight of the entropy bonus subtracted from the loss (0: none)")
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_sum_norm"] = setting(
+        "token_mean",
+        "per-token losses averaged over all tokens, per sequence then over "
+        "sequences, or summed / (sequences x agent.max_response_tokens) (Dr. GRPO)",
+    )
+    lr: float = setting(1e-6, "AdamW learning rate of the policy")
+    weight_decay: float = setting(0.0, "AdamW weight decay of the policy")
+    betas: list[float] = setting(
+        factory=lambda: [0.9, 0.999], help="AdamW (beta1, beta2) of the policy and the critic")
+    warmup_steps: int = setting(0, "optimizer steps of linear LR warmup (0: none)")
+    lr_schedule: Literal["constant", "cosine"] = setting(
+        "constant",
+        "after warmup: constant, or cosine decay to lr x min_lr_ratio at the run's last optimizer step",
+    )
+    min_lr_ratio: float = setting(0.1, "lr_schedule=cosine: the final LR as a fraction of lr")
+    grad_clip: float = setting(
+        1.0, "gradient norm clipped to this at each optimizer step (policy and critic)")
+    epochs: int = setting(1, "passes over each batch")
+    minibatches: int = setting(1, "optimizer steps per pass")
+    micro_batch_tokens: int = setting(4096, "token budget of one forward/backward")
+    packing: bool = setting(
+        True,
+        "micro-batches pack sequences into rows (first fit, lengths summing "
+        "to <= micro_batch_tokens); false: one padded row per sequence",
+    )
+    share_prompts: bool = setting(
+        True,
+        "packed micro-batches score the samples of one prompt as a tree: the prompt once, each response "
+        "after it (asyncrl/learner/packing.py); needs sdpa or eager attention, else each sample pays its "
+        "prompt",
+    )
+    max_nonfinite_steps: int = setting(
+        3,
+        "an optimizer step whose loss or grad norm is not finite is skipped (grads dropped, counted in "
+        "learner/skipped_steps_nonfinite); this many in a row stop the run",
+    )
 
     def __post_init__(self) -> None:
         _check(self.max_nonfinite_steps >= 1, "algorithm.max_nonfinite_steps",
@@ -357,11 +525,23 @@ class AlgorithmConfig:
 
 @dataclass
 class WeightSyncConfig:
-    transport: Literal["auto", "gloo", "nccl", "tensor", "disk"] = "auto"
-    bucket_mb: int = 256
-    timeout_s: float = 120.0
-    mode: Literal["in_place", "abort"] = "in_place"
-    disk_dir: Optional[str] = None
+    transport: Literal["auto", "gloo", "nccl", "tensor", "disk"] = setting(
+        "auto",
+        "how weights reach the engines: gloo / nccl (a process group), tensor (CUDA "
+        "IPC), disk (files); auto: gloo on CPU, tensor with one GPU, else nccl",
+    )
+    bucket_mb: int = setting(256, "weights are gathered and sent in buckets of at most this many MiB")
+    timeout_s: float = setting(
+        120.0,
+        "seconds each step of a sync (an engine call, a transfer) may take; an engine past it is left out",
+    )
+    mode: Literal["in_place", "abort"] = setting(
+        "in_place",
+        "in_place: generations in flight pause and go on with the new weights; "
+        "abort: they are aborted and continued from their partial output",
+    )
+    disk_dir: Optional[str] = setting(
+        None, "transport=disk: where the weight files are written (None: <run dir>/weight_sync)")
 
     def __post_init__(self) -> None:
         _at_least(self, "trainer.weight_sync", 1, "bucket_mb")
@@ -370,36 +550,49 @@ class WeightSyncConfig:
 
 @dataclass
 class TrainerConfig:
-    mode: Literal["async", "sync"] = "async"  # sync: rollout waits for each weight sync (max_staleness 0)
-    total_steps: int = 20  # training steps (policy versions) of the run
-    # a wall-clock budget: no step starts once the run (warm start included) is this many minutes old; the run
-    # then ends as at total_steps (checkpoint, final/) and its summary says so. 0: no budget
-    max_minutes: float = 0.0
-    batch_groups: int = 4  # prompts (groups) per training step
-    rollout_workers: int = 1  # Ray actors running agent loops
-    episodes_per_worker: int = 16  # concurrent agent loops per rollout worker
-    max_inflight_generations: int = 16  # engine slots across the rollout side
-    learner_ranks: int = 1  # FSDP2 ranks of the learner
+    mode: Literal["async", "sync"] = setting(
+        "async", "sync: rollout waits for each weight sync (max_staleness 0)")
+    total_steps: int = setting(20, "training steps (policy versions) of the run")
+    max_minutes: float = setting(
+        0.0,
+        "a wall-clock budget: no step starts once the run (warm start included) is this many minutes old; "
+        "the run then ends as at total_steps (checkpoint, final/) and its summary says so. 0: no budget",
+    )
+    batch_groups: int = setting(4, "prompts (groups) per training step")
+    rollout_workers: int = setting(1, "Ray actors running agent loops")
+    episodes_per_worker: int = setting(16, "concurrent agent loops per rollout worker")
+    max_inflight_generations: int = setting(16, "engine slots across the rollout side")
+    learner_ranks: int = setting(1, "FSDP2 ranks of the learner")
     # asyncrl/run_dir.py owns the rule for the run's directory, the lock and what a start finds there
-    run_name: Optional[str] = None  # the run's dir is outputs/<run_name> (None: the start time)
-    output_dir: Optional[str] = None  # the run's dir, whatever run_name says
-    checkpoint_every: int = 0  # steps; 0: only at the end
-    keep_checkpoints: int = 2
-    resume: Literal["off", "auto"] = "off"  # auto: the newest checkpoint of the run dir, or a fresh start saying so
-    eval_every: int = 0  # steps; 0: no evaluation
-    eval_pass_k: int = 1
-    eval_samples: int = 32
-    wandb: Literal["off", "offline", "online"] = "offline"  # offline: logged under the run dir, `wandb sync` later
-    wandb_project: str = "asyncrl"
-    dump_trajectories: float = 1.0  # fraction of trajectories written to trajectories.jsonl
-    progress: bool = True
-    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
-    max_prompt_retries: int = 2  # re-issues of a prompt whose group the buffer dropped unserved; then skipped
-    stall_timeout_s: float = 1800.0  # watchdog: stop (exit 4) when no step was trained for this long; 0: off
-    max_failed_episode_fraction: float = 0.9  # watchdog: stop (exit 4) when more of the recent episodes failed
-    failed_episode_window: int = 64  # ... the last episodes each rollout worker keeps; judged once this many exist
-    # a learner rank blocked this long in a collective (a peer died or hangs) fails, and the run stops
-    learner_timeout_s: float = 900.0
+    run_name: Optional[str] = setting(None, "the run's dir is outputs/<run_name> (None: the start time)")
+    output_dir: Optional[str] = setting(None, "the run's dir, whatever run_name says")
+    checkpoint_every: int = setting(0, "steps; 0: only at the end")
+    keep_checkpoints: int = setting(2, "newest checkpoints kept; older ones are deleted")
+    resume: Literal["off", "auto"] = setting(
+        "off", "auto: the newest checkpoint of the run dir, or a fresh start saying so")
+    eval_every: int = setting(0, "steps; 0: no evaluation")
+    eval_pass_k: int = setting(1, "samples per evaluation prompt (reported as eval/pass@k)")
+    eval_samples: int = setting(32, "evaluation prompts: the first this many validation rows")
+    wandb: Literal["off", "offline", "online"] = setting(
+        "offline", "offline: logged under the run dir, `wandb sync` later")
+    wandb_project: str = setting("asyncrl", "the wandb project the run is logged to")
+    dump_trajectories: float = setting(1.0, "fraction of trajectories written to trajectories.jsonl")
+    progress: bool = setting(
+        True, "on a terminal, one progress line rewritten in place (false, or no terminal: plain lines)")
+    weight_sync: WeightSyncConfig = setting(
+        factory=WeightSyncConfig, help="how the learner's weights reach the engines after each step")
+    max_prompt_retries: int = setting(
+        2, "re-issues of a prompt whose group the buffer dropped unserved; then skipped")
+    stall_timeout_s: float = setting(
+        1800.0, "watchdog: stop (exit 4) when no step was trained for this long; 0: off")
+    max_failed_episode_fraction: float = setting(
+        0.9, "watchdog: stop (exit 4) when more of the recent episodes failed")
+    failed_episode_window: int = setting(
+        64, "... the last episodes each rollout worker keeps; judged once this many exist")
+    learner_timeout_s: float = setting(
+        900.0,
+        "a learner rank blocked this long in a collective (a peer died or hangs) fails, and the run stops",
+    )
 
     def __post_init__(self) -> None:
         _check(self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}")
@@ -430,28 +623,52 @@ class TrainerConfig:
 
 @dataclass
 class BufferConfig:
-    host: str = "127.0.0.1"
-    port: int = 0  # 0: pick a free port
-    wal_dir: Optional[str] = None  # None: <output_dir>/buffer
-    fsync: Literal["each", "batched", "off"] = "batched"
-    capacity_trajectories: int = 100_000
-    capacity_bytes: int = 4 << 30
-    order: Literal["oldest", "newest"] = "oldest"
-    max_frame_bytes: int = 256 << 20
-    # CURVE + a ZAP allow-list of the run's producer and consumer keys (asyncrl/buffer/keys.py);
-    # auto: on for a non-loopback bind (which is refused without it)
-    curve: Literal["off", "on", "auto"] = "auto"
-    keys_dir: Optional[str] = None  # 0700 dir of z85 key files (created when absent); None: in-memory keys
-    # online WAL compaction when the log exceeds max(compact_min_bytes, compact_ratio x the live state)
-    # (asyncrl.buffer.wal.should_compact)
-    compact_min_bytes: int = 64 << 20
-    compact_ratio: float = 4.0
-    # disk full: this much is preallocated beside the log and released when a write finds the disk full,
-    # so serving and committing still log while PUTs are refused; acking resumes when space returns
-    disk_reserve_bytes: int = 64 << 20
-    disk_probe_s: float = 1.0  # while the disk is full: how often to check whether space returned
-    # dedupe of uids that are not training uids (<run_id>-g<pos>[r<k>]-<i>): remembered exactly, at most this many
-    dedupe_other_max: int = 1_000_000
+    host: str = setting(
+        "127.0.0.1", "the address the buffer binds; a non-loopback one needs CURVE (buffer.curve)")
+    port: int = setting(0, "0: pick a free port")
+    wal_dir: Optional[str] = setting(None, "None: <output_dir>/buffer")
+    fsync: Literal["each", "batched", "off"] = setting(
+        "batched",
+        "WAL durability: fsync after each record, once per round of records (group "
+        "commit), or never (survives a killed process, not a machine crash)",
+    )
+    capacity_trajectories: int = setting(
+        100_000,
+        "trajectories held at most; past it a PUT is answered "
+        "busy (a group already begun still takes members)",
+    )
+    capacity_bytes: int = setting(4 << 30, "... and bytes of trajectories held at most")
+    order: Literal["oldest", "newest"] = setting(
+        "oldest",
+        "complete groups served oldest first (by their oldest member's policy version), or newest first",
+    )
+    max_frame_bytes: int = setting(
+        256 << 20, "the largest request body accepted (bytes); a larger one gets an error reply")
+    curve: Literal["off", "on", "auto"] = setting(
+        "auto",
+        "CURVE + a ZAP allow-list of the run's producer and consumer keys (asyncrl/buffer/keys.py); auto: "
+        "on for a non-loopback bind (which is refused without it)",
+    )
+    keys_dir: Optional[str] = setting(
+        None, "0700 dir of z85 key files (created when absent); None: in-memory keys")
+    compact_min_bytes: int = setting(
+        64 << 20,
+        "online WAL compaction when the log exceeds max(compact_min_bytes, compact_ratio x the live state) "
+        "(asyncrl.buffer.wal.should_compact)",
+    )
+    compact_ratio: float = setting(
+        4.0, "... and the factor of that rule: the log must exceed this x the live state (>= 2)")
+    disk_reserve_bytes: int = setting(
+        64 << 20,
+        "disk full: this much is preallocated beside the log and released when a write finds the disk full, "
+        "so serving and committing still log while PUTs are refused; acking resumes when space returns",
+    )
+    disk_probe_s: float = setting(1.0, "while the disk is full: how often to check whether space returned")
+    dedupe_other_max: int = setting(
+        1_000_000,
+        "dedupe of uids that are not training uids (<run_id>-g<pos>[r<k>]-<i>): remembered exactly, at most "
+        "this many",
+    )
 
     def __post_init__(self) -> None:
         _at_least(self, "buffer", 1, "capacity_trajectories", "capacity_bytes", "max_frame_bytes", "compact_min_bytes",
@@ -468,22 +685,33 @@ class RewardModelConfig:
     """A reward model scoring finished episodes on the rollout side, before they enter the buffer
     (asyncrl/rollout/reward_model.py). reward = rule_weight * (the env's reward) + weight * (the model's)."""
 
-    kind: Literal["none", "discriminative", "generative"] = "none"
-    # discriminative: a sequence-classification checkpoint (one label: its logit is the score), on its own worker
-    path: Optional[str] = None
-    batch_size: int = 8  # discriminative: texts per forward (requests of all rollout workers are batched)
-    max_wait_ms: float = 20.0  # ... how long a partial batch waits for more requests
-    max_length: int = 2048  # ... tokens per text (longer texts keep their end)
-    # generative: a prompt sent to the run's engine; {prompt}, {response} and {ground_truth} are filled in
-    template: str = ("Rate the response to the request from 0 (wrong) to 9 (right).\nRequest: {prompt}\n"
-                     "Response: {response}\nReply with one digit.")
-    pattern: str = r"(\d+(?:\.\d+)?)"  # the first match's group 1 is the verdict
-    scale: float = 9.0  # verdict / scale is the score
-    max_new_tokens: int = 16
-    weight: float = 1.0
-    rule_weight: float = 1.0
-    on_failure: Literal["zero", "fail_episode"] = "zero"  # a verdict that cannot be had or parsed
-    timeout_s: float = 60.0
+    kind: Literal["none", "discriminative", "generative"] = setting(
+        "none",
+        "none: no reward model; discriminative: a classifier "
+        "on its own worker; generative: the run's engine as a judge",
+    )
+    path: Optional[str] = setting(
+        None,
+        "discriminative: a sequence-classification checkpoint (one label: its logit is the score), on its "
+        "own worker",
+    )
+    batch_size: int = setting(
+        8, "discriminative: texts per forward (requests of all rollout workers are batched)")
+    max_wait_ms: float = setting(20.0, "... how long a partial batch waits for more requests")
+    max_length: int = setting(2048, "... tokens per text (longer texts keep their end)")
+    template: str = setting(
+        "Rate the response to the request from 0 (wrong) to 9 (right).\nRequest: {prompt}\n"
+                     "Response: {response}\nReply with one digit.",
+        "generative: a prompt sent to the run's engine; {prompt}, {response} and {ground_truth} are filled "
+        "in",
+    )
+    pattern: str = setting(r"(\d+(?:\.\d+)?)", "the first match's group 1 is the verdict")
+    scale: float = setting(9.0, "verdict / scale is the score")
+    max_new_tokens: int = setting(16, "generative: tokens of the judge's (greedy) reply at most")
+    weight: float = setting(1.0, "the model's score's weight in the reward")
+    rule_weight: float = setting(1.0, "the env reward function's weight in the reward")
+    on_failure: Literal["zero", "fail_episode"] = setting("zero", "a verdict that cannot be had or parsed")
+    timeout_s: float = setting(60.0, "seconds one episode's verdict may take; then on_failure applies")
 
     def __post_init__(self) -> None:
         _check(self.kind != "discriminative" or bool(self.path), "reward_model.path",
@@ -511,13 +739,16 @@ class WarmStartConfig:
     """A supervised warm start inside `asyncrl train` (asyncrl/sft/warm_start.py): demonstrations of the first
     `demos` training rows, SFT on them with the RL learner, then RL from that model."""
 
-    # off: RL starts from the model as configured; on: always (the preflight refuses an env or agent that cannot
-    # demonstrate); auto: when they can and model.path is unset (a preset's base model), else off (said once)
-    mode: Literal["off", "auto", "on"] = "off"
-    demos: int = 384  # demonstrations (of the first this many training rows)
-    epochs: int = 1
-    batch: int = 8  # demonstrations per SFT optimizer step
-    lr: float = 1.0e-5  # SFT's learning rate (RL's is algorithm.lr)
+    mode: Literal["off", "auto", "on"] = setting(
+        "off",
+        "off: RL starts from the model as configured; on: always (the preflight refuses an env or agent "
+        "that cannot demonstrate); auto: when they can and model.path is unset (a preset's base model), "
+        "else off (said once)",
+    )
+    demos: int = setting(384, "demonstrations (of the first this many training rows)")
+    epochs: int = setting(1, "passes over the demonstrations")
+    batch: int = setting(8, "demonstrations per SFT optimizer step")
+    lr: float = setting(1.0e-5, "SFT's learning rate (RL's is algorithm.lr)")
 
     def __post_init__(self) -> None:
         _at_least(self, "warm_start", 1, "demos", "epochs", "batch")
@@ -526,8 +757,9 @@ class WarmStartConfig:
 
 @dataclass
 class RayConfig:
-    address: Optional[str] = None  # None: start a local instance; "auto": join a cluster
-    num_cpus: Optional[int] = None
+    address: Optional[str] = setting(None, 'None: start a local instance; "auto": join a cluster')
+    num_cpus: Optional[int] = setting(
+        None, "CPUs of a local instance (None: all of the machine's); leave None to join a cluster")
 
     def __post_init__(self) -> None:
         _check(self.num_cpus is None or self.num_cpus >= 1, "ray.num_cpus", f"must be >= 1, got {self.num_cpus}")
@@ -535,18 +767,40 @@ class RayConfig:
 
 @dataclass
 class Config:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    agent: AgentConfig = field(default_factory=AgentConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    buffer: BufferConfig = field(default_factory=BufferConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
-    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
-    plugins: list[str] = field(default_factory=list)  # module paths or .py files to import
-    seed: int = 0
+    model: ModelConfig = setting(factory=ModelConfig, help="the policy model: which, its precision, LoRA")
+    engine: EngineConfig = setting(
+        factory=EngineConfig,
+        help="the inference servers: which kind, how many, where, their batch, timeouts and liveness",
+    )
+    agent: AgentConfig = setting(
+        factory=AgentConfig, help="the agent loop: its turn and token budgets, tool calls, sampling")
+    env: EnvConfig = setting(factory=EnvConfig, help="the task: its rows, tools, interactions and reward")
+    algorithm: AlgorithmConfig = setting(
+        factory=AlgorithmConfig,
+        help="advantages, the policy loss and its off-policy correction, KL, the optimizer",
+    )
+    trainer: TrainerConfig = setting(
+        factory=TrainerConfig,
+        help="the run: steps, workers, learner ranks, its dir, "
+             "checkpoints, evaluation, logging, weight sync",
+    )
+    buffer: BufferConfig = setting(
+        factory=BufferConfig,
+        help="the replay buffer between rollout and learner: its address, WAL and capacity",
+    )
+    ray: RayConfig = setting(factory=RayConfig, help="the Ray instance the run starts or joins")
+    reward_model: RewardModelConfig = setting(
+        factory=RewardModelConfig,
+        help="an optional reward model scoring episodes before the buffer (kind=none: off)",
+    )
+    warm_start: WarmStartConfig = setting(
+        factory=WarmStartConfig, help="an optional supervised warm start before RL (mode=off: none)")
+    plugins: list[str] = setting(factory=list, help="module paths or .py files to import")
+    seed: int = setting(
+        0,
+        "the run's seed: the prompt order (each epoch's shuffle), "
+        "which trajectories are dumped, the warm start's SFT batches",
+    )
 
     def __post_init__(self) -> None:
         if self.trainer.mode == "sync" and self.algorithm.max_staleness != 0:  # the one place sync means eta 0

@@ -1,24 +1,19 @@
 """`asyncrl train --help`: the config groups with their options, and the most used keys with their
 defaults and a one-line description.
 
-One source for both the schema and the help: a key's description is the comment on its field's line in
-asyncrl/config.py (or the comment lines right above the field), read from that file's source here, so
-the help cannot drift from the declarations. Defaults come from the schema (`Config()`) merged with the
+One source for both the schema and the help: a key's description is data on its field in
+asyncrl/config.py (`setting(default, "description")`, read with `describe_field`), so the help cannot
+drift from the declarations. Defaults come from the schema (`Config()`) merged with the
 default config groups (configs/config.yaml), i.e. what a bare `asyncrl train` runs with.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import io
-import tokenize
 import typing
-from pathlib import Path
 from typing import Any
 
-from asyncrl import config as config_module
-from asyncrl.config import Config, config_dir, group_options
+from asyncrl.config import Config, config_dir, describe_field, group_options
 
 COMMON_KEYS = (
     "model.path", "engine.type", "engine.num_engines", "agent.max_turn_tokens", "agent.max_response_tokens",
@@ -30,34 +25,9 @@ COMMON_KEYS = (
 )
 
 
-def field_comments(source: str) -> dict[tuple[str, str], str]:
-    """(class name, field name) -> its comment: the trailing `# ...` on the field's line, else the
-    comment lines directly above it (joined)."""
-    comments: dict[int, str] = {}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = tok.string.lstrip("#").strip()
-    lines = source.splitlines()
-    out: dict[tuple[str, str], str] = {}
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.ClassDef):
-            continue
-        for stmt in node.body:
-            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-                text = comments.get(stmt.end_lineno or stmt.lineno, "")
-                if not text:
-                    above, ln = [], stmt.lineno - 1
-                    while ln >= 1 and lines[ln - 1].strip().startswith("#"):
-                        above.insert(0, comments.get(ln, ""))
-                        ln -= 1
-                    text = " ".join(above)
-                out[(node.name, stmt.target.id)] = text
-    return out
-
-
-def key_fields() -> dict[str, tuple[str, str]]:
+def key_fields() -> dict[str, dataclasses.Field]:
     """Dotted key -> (class name, field name) for every leaf of the schema."""
-    out: dict[str, tuple[str, str]] = {}
+    out: dict[str, dataclasses.Field] = {}
 
     def walk(cls: type, prefix: str) -> None:
         hints = typing.get_type_hints(cls)
@@ -66,7 +36,7 @@ def key_fields() -> dict[str, tuple[str, str]]:
             if dataclasses.is_dataclass(hints[f.name]):
                 walk(hints[f.name], key + ".")
             else:
-                out[key] = (cls.__name__, f.name)
+                out[key] = f
 
     walk(Config, "")
     return out
@@ -76,7 +46,6 @@ def describe(keys: tuple[str, ...] = COMMON_KEYS) -> list[tuple[str, Any, str]]:
     """(key, default, description) for `keys`; KeyError naming a key the schema does not have."""
     from asyncrl.config import compose
 
-    comments = field_comments(Path(config_module.__file__).read_text())
     fields = key_fields()
     defaults = compose([])
     rows = []
@@ -86,7 +55,7 @@ def describe(keys: tuple[str, ...] = COMMON_KEYS) -> list[tuple[str, Any, str]]:
         value: Any = defaults
         for part in key.split("."):
             value = value[part]
-        rows.append((key, value, comments.get(fields[key], "")))
+        rows.append((key, value, describe_field(fields[key])))
     return rows
 
 
@@ -103,5 +72,5 @@ def render() -> str:
     for key, default, text in describe():
         lines.append(f"  {key:<30} {default!s:<14} {text}")
     lines.append("\nEvery key: asyncrl train --cfg job [overrides]   (the resolved config); "
-                 "the schema with every comment: asyncrl/config.py")
+                 "the schema with every description: asyncrl/config.py")
     return "\n".join(lines)
