@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import ConfigError
-from asyncrl.util.stop_signals import interrupted, stopping_on_signals
+from asyncrl.util.stop_signals import interrupted, raise_if_stopping, stopping_on_signals
 
 RAW_ARGS = True  # Hydra overrides mix with the flags: parsed here (parse_intermixed_args)
 
@@ -107,6 +107,7 @@ def run_eval(cfg: Any, source: Any, rows: list[tuple[int, dict]], out: Path, a: 
     t0 = time.time()
     with open(out / "episodes.jsonl", "w") as f, agent_context(cfg, out, line.status) as ctx:
         def on_row(i: int, results: list) -> None:
+            raise_if_stopping()  # a signal whose KeyboardInterrupt a finalizer swallowed
             for r in results:
                 rec = r.record()
                 records.append(rec)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import ConfigError
-from asyncrl.util.stop_signals import interrupted, stopping_on_signals
+from asyncrl.util.stop_signals import interrupted, raise_if_stopping, stopping_on_signals
 
 RAW_ARGS = True  # Hydra overrides mix with the flags: parsed here (parse_intermixed_args)
 JOB_FILE = "job.json"
@@ -185,6 +185,7 @@ def run_generate(cfg: Any, source: Any, rows: list[tuple[int, dict]], out: Path,
                 pending.clear()
 
         def on_row(i: int, results: list) -> None:
+            raise_if_stopping()  # a signal whose KeyboardInterrupt a finalizer swallowed
             errors = [r.error for r in results if r.error]
             if errors:
                 failed.append((i, errors[0]))

@@ -54,7 +54,7 @@ from asyncrl.run_dir import (
 from asyncrl.secrets import shown_config, withhold_env
 from asyncrl.util.auth import ENV as ENGINE_TOKEN_ENV
 from asyncrl.util.auth import ensure_token
-from asyncrl.util.stop_signals import stop_on_signals
+from asyncrl.util.stop_signals import raise_if_stopping, stop_on_signals
 
 log = logging.getLogger("asyncrl")
 
@@ -283,6 +283,7 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, ver
     step_seconds: list[float] = []
     with open(layout.trained_uids, "a") as uids_file:
         while fleet.step < cfg.trainer.total_steps:
+            raise_if_stopping()  # a signal whose KeyboardInterrupt a finalizer swallowed
             if not next_step_fits(time.monotonic(), deadline, step_seconds):
                 log.info("trainer.max_minutes=%g: %s after %d of %d steps; ending the run", t.max_minutes,
                          "the next step would end past the budget" if step_seconds else "the budget is spent",

@@ -5,6 +5,12 @@ the signal is recorded for the exit status 128 + signum.
 Installed explicitly because a process started in the background of a non-interactive shell inherits
 SIGINT as ignored (Ctrl-C and `kill -INT` would do nothing), and SIGTERM's default action would end the
 process without any shutdown. Used by `asyncrl train`, `eval`, `generate` and `sft`.
+
+Python runs a signal handler between bytecodes of the main thread, and that may be inside a finalizer
+(a weakref callback, a `__del__`) whose exceptions the interpreter prints and drops ("Exception ignored
+in ..."): the KeyboardInterrupt is then lost and the command would run on to its end. So the signal is
+also kept as pending, and long loops call `raise_if_stopping()` at their progress points (a finished
+row), which raises it again there.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_pending: list[int] = []  # signals received while a handler is installed (see the module docstring)
 
 
 def stop_on_signals() -> dict:
@@ -24,6 +31,7 @@ def stop_on_signals() -> dict:
 
     def handler(signum: int, frame: object) -> None:
         got["signum"] = signum
+        _pending.append(signum)
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     for sig in SIGNALS:
@@ -41,6 +49,13 @@ def stopping_on_signals() -> Iterator[dict]:
     finally:
         for sig, previous in got["previous"].items():
             signal.signal(sig, previous)
+        _pending.clear()
+
+
+def raise_if_stopping() -> None:
+    """Raise KeyboardInterrupt if a stop signal arrived whose own raise may have been lost in a finalizer."""
+    if _pending:
+        raise KeyboardInterrupt(signal.Signals(_pending[-1]).name)
 
 
 def interrupted(prog: str, got: dict, detail: str) -> int:

@@ -14,6 +14,7 @@ import pytest
 from asyncrl.buffer import protocol as P
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer, BufferError
 from asyncrl.buffer.wal import CRASH_ENV, CRASH_EXIT, CRASH_STEPS, MAGIC, Record, frame, scan
+from asyncrl.data import schema
 from asyncrl.data.schema import Trajectory, encode
 from asyncrl.util.net import free_port
 
@@ -113,7 +114,7 @@ async def test_uncommitted_batches_are_served_again_after_restart(tmp_path, buff
     st = c.stats()
     # dedup survives compaction: a resend of an old, trained uid is still a duplicate
     p = AsyncBufferProducer(proc.address)
-    assert await p.put_bytes(__import__("asyncrl.data.schema").schema.encode(traj("u0-0", "G0", group_size=2))) == "dup"
+    assert await p.put_bytes(schema.encode(traj("u0-0", "G0", group_size=2))) == "dup"
     await p.close()
     c.close()
     assert (st["size"], st["batches_outstanding"], st["next_batch_id"]) == (0, 0, 4)

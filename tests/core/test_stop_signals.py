@@ -8,9 +8,14 @@ with the signal recorded for the exit status."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+
+import pytest
+
+from asyncrl.util.stop_signals import raise_if_stopping, stopping_on_signals
 
 CHILD = """
 import signal
@@ -39,3 +44,25 @@ def test_sigterm_interrupts_like_ctrl_c_and_is_recorded():
             proc.kill()
             proc.wait()
     assert (proc.returncode, out) == (0, f"interrupted by {int(sig)}: {sig.name}\n")
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped interrupt, on purpose
+def test_a_signal_whose_interrupt_a_finalizer_swallowed_still_stops_the_command():
+    """The handler's KeyboardInterrupt can land inside a finalizer, which drops it ("Exception ignored in"):
+    the command's next progress point raises it again, and nothing is left pending afterwards."""
+    import gc
+
+    class RaisesInItsFinalizer:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # bytecodes after the kill: the handler runs here, inside __del__
+                pass
+
+    with stopping_on_signals() as got:
+        obj = RaisesInItsFinalizer()
+        del obj  # the handler's KeyboardInterrupt is raised and dropped inside __del__
+        gc.collect()
+        assert got.get("signum") == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt, match="SIGINT"):
+            raise_if_stopping()
+    raise_if_stopping()  # the pending signal does not outlive the command
