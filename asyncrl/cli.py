@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -35,8 +36,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def version_line() -> str:
     """asyncrl's version, with torch's and python's (read from package metadata: importing torch is slow)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     def v(name: str) -> str:
         try:
             return version(name)

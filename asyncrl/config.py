@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -27,8 +29,6 @@ from asyncrl.run_dir import check_run_name
 
 def config_dir() -> Path:
     """The Hydra tree shipped as the `asyncrl.configs` package (the repo's configs/ when editable)."""
-    import importlib.util
-
     spec = importlib.util.find_spec("asyncrl.configs")
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError("the asyncrl.configs package is missing: reinstall asyncrl (pip install -e .)")
@@ -723,8 +723,6 @@ class RewardModelConfig:
         _check(self.max_wait_ms >= 0 and self.timeout_s > 0 and self.scale != 0, "reward_model",
                "max_wait_ms must be >= 0, timeout_s > 0, scale non-zero")
         if self.kind == "generative":
-            import re
-
             try:
                 groups = re.compile(self.pattern).groups
             except re.error as e:
@@ -902,6 +900,7 @@ def to_dict(cfg: Any) -> dict:
 
 def compose(overrides: list[str] | None = None, config_name: str = "config") -> dict:
     """Compose the Hydra tree with `overrides` and return a resolved plain dict (not yet validated)."""
+    # lazy: imports hydra, omegaconf, which this module does not load otherwise
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -927,6 +926,7 @@ def compose(overrides: list[str] | None = None, config_name: str = "config") -> 
 def _store_schema_defaults() -> None:
     """Every schema key with its default, as the first entry of config.yaml's defaults list: the
     YAML files then only say what differs, and any schema key can be overridden without `+`."""
+    # lazy: imports hydra, omegaconf, which this module does not load otherwise
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 

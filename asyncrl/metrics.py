@@ -131,6 +131,7 @@ class MetricsLogger:
         self.wandb_mode = wandb_mode
         if wandb_mode != "off":
             try:  # imported here: a run with trainer.wandb=off neither needs nor pays for it
+                # lazy: optional: the except below reports a missing package
                 import wandb
 
                 os.environ.setdefault("WANDB_SILENT", "true")

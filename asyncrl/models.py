@@ -24,6 +24,7 @@ import re
 import shutil
 import tempfile
 import typing
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -31,6 +32,7 @@ from typing import Any, Optional
 from filelock import FileLock  # a dependency of transformers (through huggingface_hub)
 
 from asyncrl.config import ModelConfig
+from asyncrl.util import cpus
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,7 @@ def is_cached(path: Path) -> bool:
 
 def convert_default_model(dest: Path) -> Path:
     """GGUF -> safetensors HF directory, written to a temp dir then renamed (atomic for readers)."""
+    # lazy: imports torch, transformers, which this module does not load otherwise
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -124,6 +127,7 @@ def local_model_path(spec: str, allow_download: bool = False) -> Path:
     path = Path(spec).expanduser()
     if path.is_dir() or not HUB_ID.match(spec):
         return path
+    # lazy: imports huggingface_hub, which this module does not load otherwise
     from huggingface_hub import snapshot_download
     from huggingface_hub.constants import HF_HUB_CACHE
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
@@ -228,13 +232,12 @@ def precision(role: str, configured: str, device: str, *, native_bf16: bool, cpu
 def engine_dtype(configured: str, device: str) -> str:
     """The dtype an engine on `device` serves in (weights and compute): `precision("engine", ...)` with this
     machine's CPU probe (asyncrl.util.cpus.native_bf16). The server resolves engine.dtype (`--dtype`) with it."""
-    from asyncrl.util.cpus import native_bf16
-
-    return precision("engine", configured, device, native_bf16=native_bf16()).weights
+    return precision("engine", configured, device, native_bf16=cpus.native_bf16()).weights
 
 
 def torch_dtype(name: str) -> Any:
     """"float32" / "bfloat16" / "float16" -> the torch dtype; "auto" is no dtype (`precision` resolves it)."""
+    # lazy: imports torch, which this module does not load otherwise
     import torch
 
     table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -246,8 +249,7 @@ def torch_dtype(name: str) -> Any:
 def compute_context(p: Precision, device: str) -> Any:
     """The context a role's forward and backward run in: torch.autocast on `device`'s type in p.compute when
     p.via == "autocast", else a null context (the weights' own dtype, or FSDP2 casting them)."""
-    from contextlib import nullcontext
-
+    # lazy: imports torch, which this module does not load otherwise
     import torch
 
     if p.via != "autocast":
@@ -258,6 +260,7 @@ def compute_context(p: Precision, device: str) -> Any:
 def fsdp_mixed_precision(p: Precision) -> Any:
     """FSDP2's MixedPrecisionPolicy for a role sharded over ranks: parameters gathered in p.compute and gradients
     reduced in p.reduce when p.via == "fsdp", else the default policy (no casting)."""
+    # lazy: imports torch, which this module does not load otherwise
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if p.via != "fsdp":
@@ -266,6 +269,7 @@ def fsdp_mixed_precision(p: Precision) -> Any:
 
 
 def default_device() -> str:
+    # lazy: imports torch, which this module does not load otherwise
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -274,13 +278,12 @@ def default_device() -> str:
 def load_model(cfg: ModelConfig, device: Optional[str] = None, dtype: Optional[str] = None) -> Any:
     """Load the configured causal LM from its resolved HF directory, its weights in `dtype` (one of DTYPES;
     None: the learner's master weights by `precision`, model.dtype with auto = fp32)."""
+    # lazy: imports transformers, which this module does not load otherwise
     from transformers import AutoModelForCausalLM
-
-    from asyncrl.util.cpus import native_bf16
 
     device = device or default_device()
     path = resolve_model_dir(cfg)
-    dtype = dtype or precision("learner", cfg.dtype, device, native_bf16=native_bf16()).weights
+    dtype = dtype or precision("learner", cfg.dtype, device, native_bf16=cpus.native_bf16()).weights
     kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype)}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
@@ -294,6 +297,7 @@ def pad_token_id(tokenizer: Any) -> int:
 
 
 def load_tokenizer(cfg: ModelConfig) -> Any:
+    # lazy: imports transformers, which this module does not load otherwise
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(resolve_model_dir(cfg))

@@ -31,8 +31,8 @@ from asyncrl import registry
 from asyncrl.config import AgentConfig, ToolSpec
 from asyncrl.data.schema import NonFiniteRewardError, Trajectory
 from asyncrl.engine.base import GenerateResult, Generator, SamplingParams
-from asyncrl.envs.base import Sample, score
-from asyncrl.tools.loader import make_tools
+from asyncrl.envs.base import Sample, resolve_reward_fn, score
+from asyncrl.tools.loader import load_tool_specs, make_tools
 
 from .chat import ChatFormat
 from .trajectory_builder import TrajectoryBuilder
@@ -59,9 +59,6 @@ class AgentContext:
                    ) -> AgentContext:
         """The context a run's config (asyncrl.config.Config) describes: its agent settings, the env's tools
         (with `tool_overrides` from the env's services, e.g. the retrieval server's url) and reward."""
-        from asyncrl.envs.base import resolve_reward_fn
-        from asyncrl.tools.loader import load_tool_specs
-
         return cls(engine=engine, tokenizer=tokenizer, cfg=cfg.agent,
                    tool_specs=load_tool_specs(cfg.env.tools, cfg.env.tools_config),
                    reward_fn=resolve_reward_fn(cfg.env), env_name=cfg.env.name,

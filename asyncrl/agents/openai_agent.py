@@ -78,6 +78,7 @@ def openai_module() -> Any:
     """The `openai` package, which only `agent.openai.function` needs (its client is handed to the function):
     imported on use, so that every other command works without it."""
     try:
+        # lazy: optional: the except below reports a missing package
         import openai
     except ImportError as e:
         raise OpenAIAgentError("agent.openai.function needs the openai package (pip install 'openai>=1.50'); "

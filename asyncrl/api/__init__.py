@@ -28,6 +28,7 @@ does not import torch.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from asyncrl.agents.base import AgentContext, AgentLoop, Episode
@@ -49,7 +50,5 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _TORCH_CONTRACTS:  # lazy: the loss contracts import torch (seconds) that env and tool authors need not pay
-        import importlib
-
         return getattr(importlib.import_module(_TORCH_CONTRACTS[name]), name)
     raise AttributeError(f"module 'asyncrl.api' has no attribute {name!r}")

@@ -174,6 +174,7 @@ class TimedGenerator:
 
 
 async def _proxy_vs_direct(url: str, tok: Any, repeats: int, n: int = 16) -> dict[str, float]:
+    # lazy: imports openai, which this module does not load otherwise
     import openai  # the dev extra's; only this part of the bench needs it
 
     cfg = AgentConfig(max_turn_tokens=n, sampling=SamplingConfig(temperature=0.0, min_new_tokens=n))

@@ -35,13 +35,15 @@ import tempfile
 import time
 from collections import deque
 
+import msgspec
 import numpy as np
+import psutil
 import ray
 import zmq
 
 from asyncrl.bench.rounds import MIN_ROUNDS, interleave, ratio, summary
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer
-from asyncrl.data.schema import Array, Trajectory, encode
+from asyncrl.data.schema import Array, Trajectory, encode, make_trajectory
 from asyncrl.util.net import free_port
 
 UID_WIDTH = 12  # uids are "p<k>-<index>" padded to a fixed width so the template can be patched
@@ -298,11 +300,6 @@ SCALE_ROUND, SCALE_GROUP = 4096, 4
 
 def run_scale(a) -> dict:
     """`--scale N`: N small trajectories through one producer and one consumer, RSS of the buffer process."""
-    import msgspec
-    import psutil
-
-    from asyncrl.data.schema import make_trajectory
-
     rounds = max(1, a.scale // SCALE_ROUND)
     wal = tempfile.mkdtemp(prefix="asyncrl-bench-wal-")
     srv = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "buffer", "--wal-dir", wal, "--fsync", a.fsync,

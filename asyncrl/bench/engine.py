@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from asyncrl.bench.rounds import MIN_ROUNDS, interleave, ratio, summary
 from asyncrl.config import ModelConfig
@@ -109,8 +110,6 @@ def _static_run(model: Any, work: list[tuple[list[int], int]], batch: int, pad_i
 
 def _cb_run(model: Any, work: list[tuple[list[int], int]], batch: int, temperature: float) -> float:
     # (c) only, which --skip-cb leaves out: this API has moved between transformers releases
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
     gen = GenerationConfig(max_new_tokens=max(n for _, n in work), eos_token_id=-1, **_sampling(temperature))
     # size its paged cache for `batch` running requests (left to itself it takes most of free RAM)
     page = 256

@@ -11,6 +11,9 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from asyncrl.config import Config
+from asyncrl.models import resolve_model_dir
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engines", type=int, default=2)
@@ -22,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _measure(args: argparse.Namespace, worker, urls: list[str]) -> dict:
+    # lazy: imports torch, which this module does not load otherwise
     from asyncrl.weight_sync import WeightSender
     from asyncrl.weight_sync.distributed import GroupTransport
 
@@ -53,10 +57,9 @@ async def _measure(args: argparse.Namespace, worker, urls: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from asyncrl.config import Config
+    # lazy: imports torch, which this module does not load otherwise
     from asyncrl.engine.launcher import launch_embedded
     from asyncrl.learner.worker import LearnerWorker
-    from asyncrl.models import resolve_model_dir
 
     cfg = Config()
     model_dir = resolve_model_dir(cfg.model)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from asyncrl.buffer.keys import BufferKeyError, BufferKeys, curve_enabled
+from asyncrl.buffer.server import BufferConfigError, serve_forever
 from asyncrl.config import AlgorithmConfig, BufferConfig
 
 
@@ -41,9 +43,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from asyncrl.buffer.keys import BufferKeyError, BufferKeys, curve_enabled
-    from asyncrl.buffer.server import BufferConfigError, serve_forever
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = BufferConfig(host=args.host, port=args.port, wal_dir=args.wal_dir, fsync=args.fsync,
                        capacity_trajectories=args.capacity_trajectories, capacity_bytes=args.capacity_bytes,

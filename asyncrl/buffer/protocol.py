@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from asyncrl.data.schema import Batch, Group, Trajectory
+
 if TYPE_CHECKING:
     from asyncrl.data.schema import Batch
 
@@ -145,8 +147,6 @@ def batch_frames(batch_id: int, groups) -> list:
 
 def decode_batch(frames: list) -> Batch:
     """Inverse of `batch_frames`: an `asyncrl.data.schema.Batch` (raises ValueError on a bad reply)."""
-    from asyncrl.data.schema import Batch, Group, Trajectory
-
     if len(frames) != 2:
         raise ValueError(f"BATCH reply needs [header, blob], got {len(frames)} frames")
     h = unpack(frames[0], BatchHeader)

@@ -44,6 +44,7 @@ logged is not acknowledged). Nobody waits on silence; the controller reads `heal
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from pathlib import Path
@@ -698,8 +699,6 @@ def _describe(e: BaseException) -> str:
 def serve_forever(cfg: BufferConfig, wal_dir, max_staleness: int, keys: BufferKeys | None = None) -> None:
     """Run the service in this process until SIGINT/SIGTERM (used by `asyncrl buffer` and tests).
     Prints one line ``BUFFER_ADDRESS tcp://host:port`` on stdout once it serves."""
-    import signal
-
     svc = BufferService(cfg, wal_dir, max_staleness, keys)
     addr = svc.start()
     stop = threading.Event()

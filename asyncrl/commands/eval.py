@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import ConfigError
+from asyncrl.metrics import StatusLine, eta_seconds, format_duration
+from asyncrl.offline.scores import summarize
 from asyncrl.util.stop_signals import interrupted, raise_if_stopping, stopping_on_signals
 
 RAW_ARGS = True  # Hydra overrides mix with the flags: parsed here (parse_intermixed_args)
@@ -68,6 +70,7 @@ def fresh_dir(out: str | None, default_parent: str) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
+    # lazy: imports torch, which this module does not load otherwise
     from asyncrl.offline.checkpoints import CheckpointPathError, resolve_model_source
     from asyncrl.offline.session import OfflineError, compose_config, load_split
 
@@ -96,8 +99,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run_eval(cfg: Any, source: Any, rows: list[tuple[int, dict]], out: Path, a: argparse.Namespace) -> int:
-    from asyncrl.metrics import StatusLine, eta_seconds, format_duration
-    from asyncrl.offline.scores import summarize
+    # lazy: imports torch, which this module does not load otherwise
     from asyncrl.offline.session import agent_context, prepare_model, run_rows
 
     line = StatusLine()

@@ -26,7 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.commands.eval import split_items
 from asyncrl.config import ConfigError
+from asyncrl.metrics import StatusLine
 from asyncrl.util.stop_signals import interrupted, raise_if_stopping, stopping_on_signals
 
 RAW_ARGS = True  # Hydra overrides mix with the flags: parsed here (parse_intermixed_args)
@@ -61,6 +63,7 @@ def parts_dir(out: Path) -> Path:
 
 def done_indices(parts: Path) -> set[int]:
     """data_index of every row the chunks in `parts` hold (a temp file of an interrupted write is not a chunk)."""
+    # lazy: imports pyarrow, which this module does not load otherwise
     import pyarrow.parquet as pq
 
     done: set[int] = set()
@@ -100,6 +103,7 @@ def row_record(i: int, results: list) -> dict[str, Any]:
 
 
 def write_chunk(parts: Path, records: list[dict[str, Any]]) -> Path:
+    # lazy: imports pyarrow, which this module does not load otherwise
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -115,6 +119,7 @@ def write_chunk(parts: Path, records: list[dict[str, Any]]) -> Path:
 
 def merge(parts: Path, out: Path) -> int:
     """The chunks as one parquet sorted by data_index at `out` (temp + rename); the number of rows."""
+    # lazy: imports pyarrow, which this module does not load otherwise
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -128,7 +133,7 @@ def merge(parts: Path, out: Path) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    from asyncrl.commands.eval import split_items
+    # lazy: imports torch, which this module does not load otherwise
     from asyncrl.offline.checkpoints import CheckpointPathError, resolve_model_source
     from asyncrl.offline.session import OfflineError, compose_config, load_split
 
@@ -165,7 +170,7 @@ def main(args: argparse.Namespace) -> int:
 
 def run_generate(cfg: Any, source: Any, rows: list[tuple[int, dict]], out: Path, parts: Path,
                  a: argparse.Namespace) -> int:
-    from asyncrl.metrics import StatusLine
+    # lazy: imports torch, which this module does not load otherwise
     from asyncrl.offline.session import agent_context, prepare_model, run_rows
 
     line = StatusLine()

@@ -98,9 +98,11 @@ def summary_markdown(records: list[dict[str, Any]], window: int, plots: list[Pat
 
 def write_report(run_dir: str | Path, window: int = 5) -> list[Path]:
     """Write the PNG panels and summary.md under RUN_DIR/report/; returns their paths (summary last)."""
+    # lazy: imports matplotlib, which this module does not load otherwise
     import matplotlib
 
     matplotlib.use("Agg")  # files only, never a display
+    # lazy: imports matplotlib, which this module does not load otherwise
     import matplotlib.pyplot as plt
 
     if window < 1:

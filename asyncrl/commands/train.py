@@ -9,7 +9,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from omegaconf import OmegaConf
+
+from asyncrl.commands.sweep import run_sweep
 from asyncrl.commands.train_args import TrainArgsError, parse_train_args
+from asyncrl.commands.train_help import render
 from asyncrl.config import ConfigError, load_config, to_dict
 from asyncrl.run.preflight import PreflightError, preflight
 
@@ -34,13 +38,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"asyncrl train: {e}", file=sys.stderr)
         return 2
     if targs.help:
-        from asyncrl.commands.train_help import render
-
         print(__doc__.strip() + "\n\n" + EXAMPLES + "\n\n" + render())
         return 0
     if targs.multirun:
-        from asyncrl.commands.sweep import run_sweep
-
         try:
             return run_sweep(targs)
         except TrainArgsError as e:
@@ -52,8 +52,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"asyncrl train: config error: {e}", file=sys.stderr)
         return 2
     if targs.print_cfg:
-        from omegaconf import OmegaConf
-
         print(OmegaConf.to_yaml(to_dict(cfg)), end="")
         return 0
     try:
@@ -67,6 +65,7 @@ def main(args: argparse.Namespace) -> int:
     if targs.dry_run:
         print(f"preflight passed; nothing started (--dry-run)\n{report.summary()}")
         return 0
+    # lazy: imports ray, which this module does not load otherwise
     from asyncrl.run.controller import run  # imports ray: only once the preflight passed
 
     return run(cfg, rows=report.train_rows, overrides=targs.typed)

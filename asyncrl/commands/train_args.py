@@ -20,6 +20,7 @@ override parser. Three things are settled here so that nothing a Hydra user type
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import product
 from typing import Optional
 
 HYDRA_TRANSLATED = {"hydra.run.dir": "trainer.output_dir", "hydra.job.name": "trainer.run_name"}
@@ -108,6 +109,7 @@ def sweep_keys(overrides: list[str]) -> list[str]:
 
 
 def _parse(overrides: list[str]):
+    # lazy: imports hydra, which this module does not load otherwise
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -121,8 +123,7 @@ def expand_sweep(overrides: list[str], group_options) -> list[list[str]]:
     """Every combination of the sweep values (the first sweep varies slowest, as Hydra's BasicSweeper
     orders them); fixed overrides are kept in each. `group_options(group)` lists a config group's options
     for `glob(...)`. interval() is refused: it describes a search space, not values to run."""
-    from itertools import product
-
+    # lazy: imports hydra, which this module does not load otherwise
     from hydra.core.override_parser.types import ValueType
 
     axes: list[list[str]] = []

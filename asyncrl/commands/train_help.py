@@ -13,7 +13,7 @@ import dataclasses
 import typing
 from typing import Any
 
-from asyncrl.config import Config, config_dir, describe_field, group_options
+from asyncrl.config import Config, compose, config_dir, describe_field, group_options
 
 COMMON_KEYS = (
     "model.path", "engine.type", "engine.num_engines", "agent.max_turn_tokens", "agent.max_response_tokens",
@@ -44,8 +44,6 @@ def key_fields() -> dict[str, dataclasses.Field]:
 
 def describe(keys: tuple[str, ...] = COMMON_KEYS) -> list[tuple[str, Any, str]]:
     """(key, default, description) for `keys`; KeyError naming a key the schema does not have."""
-    from asyncrl.config import compose
-
     fields = key_fields()
     defaults = compose([])
     rows = []

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
+from asyncrl.view.records import FilterError, RunReader, parse_filter
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="a run's output dir (outputs/<run>)")
@@ -25,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_decoder(run_dir: Path) -> tuple[Optional[Callable[[int], str]], str]:
     """A one-token decoder from the run's model, or None and why not."""
     try:
+        # lazy: optional: the except below reports a missing package
         from asyncrl.config import ModelConfig, from_dict
         from asyncrl.models import load_tokenizer
         from asyncrl.run_dir import RunLayout
@@ -37,8 +40,6 @@ def run_decoder(run_dir: Path) -> tuple[Optional[Callable[[int], str]], str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from asyncrl.view.records import FilterError, RunReader, parse_filter
-
     run_dir = Path(args.run_dir)
     try:
         reader = RunReader(run_dir)
@@ -47,6 +48,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"asyncrl view: {e}", file=sys.stderr)
         return 2
     if args.print or not sys.stdout.isatty():
+        # lazy: imports textual, which this module does not load otherwise
         from asyncrl.view.app import COLUMNS, table_cells
 
         reader.poll()
@@ -55,6 +57,7 @@ def main(args: argparse.Namespace) -> int:
             if flt.matches(row):
                 print("\t".join(c.plain for c in table_cells(row)))
         return 0
+    # lazy: imports textual, which this module does not load otherwise
     from asyncrl.view.app import ViewerApp
 
     decode, why = run_decoder(run_dir)

@@ -22,6 +22,7 @@ import sys
 import typing
 
 from asyncrl.config import ConfigError, EngineConfig
+from asyncrl.util.auth import TokenError
 
 # EngineConfig field -> the flag that carries it to the engine process (every setting the process takes)
 SETTINGS = {"host": "--host", "device": "--device", "dtype": "--dtype", "max_running_seqs": "--max-running-seqs",
@@ -66,8 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # lazy: imports fastapi, huggingface_hub, torch, transformers, which this module does not load otherwise
     from asyncrl.engine.server import serve
-    from asyncrl.util.auth import TokenError
 
     try:
         settings = settings_from_args(args)

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers import AttentionInterface
 
 from asyncrl.engine.kvbatch import KVSlots
 
@@ -68,8 +69,6 @@ def supports_fused(model: Any) -> bool:
 
 def use_slot_attention(model: Any) -> None:
     """Register `slot_attention` (once) and make `model` call it."""
-    from transformers import AttentionInterface
-
     AttentionInterface.register(ATTENTION, slot_attention)
     model.set_attn_implementation(ATTENTION)
 

@@ -24,7 +24,9 @@ directory, deleted as soon as the server is up or has failed.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import importlib.util
 import json
 import os
 import shutil
@@ -41,6 +43,7 @@ import httpx
 
 from asyncrl.config import Config, EngineConfig
 from asyncrl.engine.cli import settings_argv
+from asyncrl.models import precision
 from asyncrl.util.auth import ENV, auth_headers, ensure_token
 from asyncrl.util.net import free_port, is_loopback
 
@@ -131,8 +134,6 @@ def sglang_dtype(name: str) -> str:
     """engine.dtype -> SGLang's --dtype: the engine's dtype on a GPU (SGLang runs only there) by the precision
     rule (asyncrl.models.precision; auto: bf16), always explicit: SGLang's own `auto` would serve an fp32
     checkpoint in fp16."""
-    from asyncrl.models import precision
-
     try:
         return precision("engine", name, "cuda", native_bf16=False).weights  # the CPU probe: unused on cuda
     except ValueError as e:
@@ -140,8 +141,6 @@ def sglang_dtype(name: str) -> str:
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec (Linux only)
-    import ctypes
-
     pr_set_pdeathsig = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
@@ -272,8 +271,6 @@ def launch_sglang(
     """Start a real SGLang server (GPU) at `weight_version` and wait for /health (up to `startup_timeout_s`,
     default engine.launch_timeout_s). `engine`: its settings (host, dtype, mem_fraction_static, extra_args;
     None: EngineConfig's defaults); `overrides`: EngineConfig fields replaced in it."""
-    import importlib.util
-
     engine = engine_settings(engine, overrides, EngineConfig(type="sglang"))
     host, extra_args = engine.host, engine.extra_args
     startup_timeout_s = engine.launch_timeout_s if startup_timeout_s is None else startup_timeout_s

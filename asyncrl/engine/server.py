@@ -30,12 +30,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.config import EngineConfig
+from asyncrl.engine.cpu_kernels import use_small_batch_linears
 from asyncrl.engine.protocol import BadRequest, parse_request
 from asyncrl.engine.scheduler import EngineCore
+from asyncrl.models import default_device, engine_dtype, torch_dtype
 from asyncrl.util.auth import (
     EXPOSED_OPEN,
     LOOPBACK_OPEN,
@@ -142,6 +146,7 @@ def create_app(core: EngineCore, model_path: str = "", on_ready: Any | None = No
         return core.stats()
 
     try:
+        # lazy: optional: the except below reports a missing package
         from asyncrl.weight_sync.routes import make_router
     except ModuleNotFoundError:
         make_router = None
@@ -207,12 +212,8 @@ def serve(
               file=sys.stderr, flush=True)
     if exit_with_parent is not None:
         watch_parent(exit_with_parent)
-    import torch
+    # lazy: imports uvicorn, which this module does not load otherwise
     import uvicorn
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from asyncrl.engine.cpu_kernels import use_small_batch_linears
-    from asyncrl.models import default_device, engine_dtype, torch_dtype
 
     if threads:
         torch.set_num_threads(threads)

@@ -33,7 +33,7 @@ from typing import Any
 from asyncrl.agents.tool_calls import ToolCall, resolve_parser
 from asyncrl.config import EnvConfig
 from asyncrl.data.rows import write_rows
-from asyncrl.envs.base import Env
+from asyncrl.envs.base import DemoCall, DemoError, DemoTurn, Env
 from asyncrl.registry import register
 
 from .rewards import extract_tagged_answer, numbers_equal, parse_number
@@ -226,8 +226,6 @@ class ArithmeticEnv(Env):
 
     def demo_turns(self, row: dict[str, Any]) -> list[Any]:
         """One calculator call with the problem's expression, then the stated answer."""
-        from asyncrl.envs.base import DemoCall, DemoError, DemoTurn
-
         expr = (row.get("extra_info") or {}).get("expression")
         answer = (row.get("reward_model") or {}).get("ground_truth")
         if not isinstance(expr, str) or not expr or answer is None:

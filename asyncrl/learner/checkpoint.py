@@ -34,7 +34,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from asyncrl.run_dir import RunLayout, checkpoint_dirs, critic_dir
 from asyncrl.run_dir import latest_checkpoint as latest_checkpoint  # re-exported: the naming is run_dir's
@@ -173,8 +178,6 @@ def load(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
     else:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
         state = {"model": get_model_state_dict(model)}
     for name, (m, o) in (modules or {}).items():
         state[name], state[f"{name}_optim"] = get_state_dict(m, o)
@@ -191,8 +194,6 @@ def load(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
     if optimizer is not None:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     else:
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
         set_model_state_dict(model, state["model"])
     rng_file = p / f"rng_rank{_rank()}.pt"
     if optimizer is not None:

@@ -24,9 +24,18 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from asyncrl.learner import checkpoint as ckpt
+from asyncrl.learner.distributed import (
+    all_gather_dict,
+    init_distributed,
+    max_over_ranks,
+    rank_device,
+    shard_fsdp2,
+)
 from asyncrl.learner.gae import value_loss
-from asyncrl.learner.packing import Layout, SeqSpec, mask_argument, scatter_rows
-from asyncrl.models import compute_context, load_model, precision
+from asyncrl.learner.packing import Layout, SeqSpec, mask_argument, scatter_rows, specs_of
+from asyncrl.models import compute_context, load_model, load_tokenizer, pad_token_id, precision
+from asyncrl.secrets import shown_config
 from asyncrl.util.cpus import native_bf16
 
 
@@ -170,9 +179,6 @@ class CriticWorker:
     calls in order, so the next `values` comes from the updated critic. Warm-up counts its `steps`."""
 
     def __init__(self, cfg: Any, rank: int = 0, world_size: int = 1):
-        from asyncrl.learner.distributed import init_distributed, rank_device
-        from asyncrl.models import load_tokenizer, pad_token_id
-
         self.cfg, self.algo, self.rank, self.world_size = cfg, cfg.algorithm, rank, world_size
         self.device = rank_device()
         init_distributed(rank, world_size, self.device, timeout_s=cfg.trainer.learner_timeout_s)
@@ -182,13 +188,9 @@ class CriticWorker:
         self.layout = Layout.for_model(self.algo, self.critic.model, self.pad_id)
 
     def shard(self, model: torch.nn.Module, p: Any) -> None:
-        from asyncrl.learner.distributed import shard_fsdp2
-
         shard_fsdp2(model, self.world_size, p)
 
     def _max_over_ranks(self, n: int) -> int:
-        from asyncrl.learner.distributed import max_over_ranks
-
         return max_over_ranks(n, self.world_size, self.device)
 
     @property
@@ -197,9 +199,6 @@ class CriticWorker:
 
     def values(self, batch: Any) -> list[torch.Tensor]:
         """Collective: the values of every trajectory of `batch` (each rank computes a share, all get all)."""
-        from asyncrl.learner.distributed import all_gather_dict
-        from asyncrl.learner.packing import specs_of
-
         specs, _ = specs_of(batch.trajectories())
         vals = all_gather_dict(self.critic.values(specs, list(range(self.rank, len(specs), self.world_size))),
                                self.world_size)
@@ -207,8 +206,6 @@ class CriticWorker:
 
     def update(self, batch: Any, returns: list[torch.Tensor], old_values: list[torch.Tensor]) -> dict[str, float]:
         """Collective: the clipped value-loss updates on the learner's targets; the critic's metrics."""
-        from asyncrl.learner.packing import specs_of
-
         specs, masks = specs_of(batch.trajectories())
         n = len(specs)
         minibatches = [list(c) for c in np.array_split(np.arange(n), min(self.algo.minibatches, n))]
@@ -216,14 +213,9 @@ class CriticWorker:
 
     def save_checkpoint(self, path: str) -> None:
         """Collective: the critic's model, optimizer and step count (DCP, atomic, its own COMPLETE marker)."""
-        from asyncrl.learner import checkpoint as ckpt
-        from asyncrl.secrets import shown_config
-
         ckpt.save(path, self.critic.model, self.critic.optimizer, meta={"critic_steps": self.critic.steps},
                   config=shown_config(self.cfg))
 
     def load_checkpoint(self, path: str) -> None:
-        from asyncrl.learner import checkpoint as ckpt
-
         meta = ckpt.load(path, self.critic.model, self.critic.optimizer)
         self.critic.steps = int(meta["critic_steps"])

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.fsdp import fully_shard
 
+from asyncrl.models import default_device, fsdp_mixed_precision
 from asyncrl.util.net import free_port
 
 if TYPE_CHECKING:
@@ -46,8 +48,6 @@ def init_distributed(rank: int, world_size: int, device: str = "cpu", timeout_s:
 
 def rank_device() -> str:
     """This rank's device: its GPU (LOCAL_RANK, made current) where CUDA is available, else "cpu"."""
-    from asyncrl.models import default_device
-
     device = default_device()
     if device.startswith("cuda"):
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -61,9 +61,6 @@ def shard_fsdp2(model: torch.nn.Module, world_size: int, p: Precision) -> None:
     own shard their models."""
     if world_size == 1:
         return
-    from torch.distributed.fsdp import fully_shard
-
-    from asyncrl.models import fsdp_mixed_precision
 
     mp_policy = fsdp_mixed_precision(p)
     block_names = set(getattr(model, "_no_split_modules", None) or [])

@@ -54,6 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -464,6 +465,7 @@ def _supports_2d_logits_to_keep() -> bool:
     """Newer transformers (slice_logits_to_keep) accept a boolean [rows, L] logits_to_keep; older ones only ints/1D."""
     # Local: transformers.modeling_utils takes seconds to import, and the planning half of this module
     # (and asyncrl.learner's math) stays torch-only; only a model forward asks this.
+    # lazy: imports transformers, which this module does not load otherwise
     import transformers.modeling_utils as mu
 
     return hasattr(mu, "slice_logits_to_keep")
@@ -495,8 +497,6 @@ def scatter_rows(values: torch.Tensor, mb: MicroBatch, width: int | None = None)
 
 def specs_of(trajs: list) -> tuple[list[SeqSpec], list[torch.Tensor]]:
     """Each trajectory (validated) as a SeqSpec of prompt + response ids, and its loss mask (bool [R])."""
-    import numpy as np
-
     specs, masks = [], []
     for t in trajs:
         t.validate()

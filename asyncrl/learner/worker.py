@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from asyncrl.config import Config
 from asyncrl.learner import checkpoint as ckpt
@@ -498,8 +499,6 @@ class LearnerWorker:
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective. The model's full state dict on CPU (rank 0 holds it; others get an empty dict)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         if self.world_size == 1:
             sd = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         else:
@@ -510,6 +509,7 @@ class LearnerWorker:
 
     def export_hf(self, out_dir: str) -> None:
         """Collective. A plain HF directory (safetensors, config, tokenizer) written by rank 0, atomically."""
+        # lazy: imports huggingface_hub, transformers, which this module does not load otherwise
         from asyncrl.learner.export import save_hf
 
         sd = self.full_state_dict()

@@ -20,8 +20,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from asyncrl import registry
 from asyncrl.config import Config, load_config
+from asyncrl.engine.client import EngineClient
+from asyncrl.engine.launcher import launch_configured
+from asyncrl.models import load_tokenizer, resolve_model_dir
 from asyncrl.offline.checkpoints import ModelSource
+from asyncrl.util.cpus import available_cpus
+from asyncrl.util.net import free_port
 
 
 class OfflineError(Exception):
@@ -48,6 +54,7 @@ def prepare_model(cfg: Config, source: ModelSource, work_dir: Path, say: Callabl
     """`cfg` with model.path at an HF dir: a training checkpoint is exported into `work_dir/model` first."""
     if source.training_checkpoint is None:
         return cfg
+    # lazy: imports huggingface_hub, transformers, which this module does not load otherwise
     from asyncrl.learner.export import export_checkpoint
 
     dest = work_dir / "model"
@@ -59,14 +66,11 @@ def prepare_model(cfg: Config, source: ModelSource, work_dir: Path, say: Callabl
 @contextlib.contextmanager
 def agent_context(cfg: Config, work_dir: Path, say: Callable[[str], None]) -> Iterator[Any]:
     """Yields an AgentContext whose engine serves `cfg.model`, with the env's services running."""
-    from asyncrl import registry
+    # lazy: imports omegaconf, pyarrow, which this module does not load otherwise
     from asyncrl.agents.base import AgentContext
-    from asyncrl.engine.client import EngineClient
-    from asyncrl.engine.launcher import launch_configured
+
+    # lazy: imports pyarrow, which this module does not load otherwise
     from asyncrl.envs.base import resolve_env
-    from asyncrl.models import load_tokenizer, resolve_model_dir
-    from asyncrl.util.cpus import available_cpus
-    from asyncrl.util.net import free_port
 
     registry.load_all(cfg.plugins)
     env = resolve_env(cfg.env.name)
@@ -124,6 +128,7 @@ async def run_rows(ctx: Any, agent: str, rows: list[tuple[int, dict[str, Any]]],
                    concurrency: int, on_row: Callable[[int, list[EpisodeResult]], Optional[Awaitable[None]]]) -> None:
     """Run `n` episodes of each (data_index, row), at most `concurrency` at once; `on_row(data_index, results)`
     when a row's n episodes are all done (in completion order). A failed episode is a result with `error`."""
+    # lazy: imports omegaconf, pyarrow, which this module does not load otherwise
     from asyncrl.agents.base import run_episode
     from asyncrl.envs.base import Sample
 
@@ -157,7 +162,7 @@ def load_split(cfg: Config, split: str, limit: Optional[int] = None, data_file: 
                ) -> list[tuple[int, dict[str, Any]]]:
     """(data_index, row) of the split's first `limit` rows (all by default), or of `data_file`, each row
     checked here: bad rows are an OfflineError naming up to five of them, before any engine starts."""
-    from asyncrl import registry
+    # lazy: imports pyarrow, which this module does not load otherwise
     from asyncrl.data.dataset import open_dataset
     from asyncrl.data.rows import DataError
     from asyncrl.envs.base import load_rows, resolve_env

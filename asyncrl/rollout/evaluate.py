@@ -12,14 +12,16 @@ from typing import Any
 
 import ray
 
+from asyncrl import registry
 from asyncrl.config import Config
+from asyncrl.engine.client import EngineClient
 from asyncrl.envs.base import Sample
+from asyncrl.models import load_tokenizer
+from asyncrl.offline.scores import pass_at_k as estimate
 
 
 def pass_at_k(rewards_by_prompt: list[list[float]], threshold: float = 1.0) -> float:
     """pass@k with k = each prompt's number of samples (asyncrl/offline/scores.py owns the estimator)."""
-    from asyncrl.offline.scores import pass_at_k as estimate
-
     if not rewards_by_prompt:
         return 0.0
     return sum(estimate(len(rs), sum(r >= threshold for r in rs), len(rs))
@@ -28,6 +30,7 @@ def pass_at_k(rewards_by_prompt: list[list[float]], threshold: float = 1.0) -> f
 
 async def evaluate_rows(ctx: Any, rows: list[dict[str, Any]], k: int, agent: str, concurrency: int = 16,
                         tag: str = "eval") -> dict[str, float]:
+    # lazy: imports omegaconf, which this module does not load otherwise
     from asyncrl.agents.base import run_episode
 
     sem = asyncio.Semaphore(concurrency)
@@ -54,10 +57,8 @@ class EvalActor:
 
     async def evaluate(self, version: int) -> dict[str, float]:
         if self.ctx is None:
-            from asyncrl import registry
+            # lazy: imports omegaconf, which this module does not load otherwise
             from asyncrl.agents.base import AgentContext
-            from asyncrl.engine.client import EngineClient
-            from asyncrl.models import load_tokenizer
 
             registry.load_all(self.cfg.plugins)
             e = self.cfg.engine  # its patience is the run's, as the rollout workers' is

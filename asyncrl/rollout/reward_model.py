@@ -30,6 +30,7 @@ import msgspec
 
 from asyncrl.config import RewardModelConfig
 from asyncrl.data.schema import Trajectory
+from asyncrl.engine.base import SamplingParams
 
 
 class RewardModelError(RuntimeError):
@@ -52,6 +53,7 @@ class SequenceScorer:
     """A sequence-classification model behind a batching queue (one per process; asyncio)."""
 
     def __init__(self, cfg: RewardModelConfig, device: str = "cpu"):
+        # lazy: imports torch, transformers, which this module does not load otherwise
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -72,6 +74,7 @@ class SequenceScorer:
 
     def score_now(self, texts: list[str]) -> list[float]:
         """One forward over `texts` (no queue)."""
+        # lazy: imports torch, which this module does not load otherwise
         import torch
 
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=self.cfg.max_length)
@@ -121,6 +124,7 @@ class SequenceScorer:
 
 def reward_model_actor():
     """The Ray actor class serving a SequenceScorer on its own worker (built lazily: ray is imported here)."""
+    # lazy: imports ray, which this module does not load otherwise
     import ray
 
     @ray.remote(num_cpus=0)  # scheduled beside the run's other actors; it holds no CPU reservation
@@ -177,8 +181,6 @@ class GenerativeJudge:
 
     async def verdict(self, prompt: str, response: str, ground_truth: Any, rid: str) -> tuple[Optional[float], str]:
         """(score or None, the judge's reply)."""
-        from asyncrl.engine.base import SamplingParams
-
         text = fill_template(self.cfg.template, prompt, response, ground_truth)
         ids = self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
                                                  add_generation_prompt=True)

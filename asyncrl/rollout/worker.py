@@ -30,6 +30,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
+from asyncrl.buffer.client import AsyncBufferProducer
 from asyncrl.config import Config
 from asyncrl.data.dataset import Dataset
 from asyncrl.data.group_ids import parse_group_id
@@ -37,10 +38,11 @@ from asyncrl.data.job_state import EpisodeError, RolloutPosition, RolloutState
 from asyncrl.data.rows import DataError
 from asyncrl.data.schema import NonFiniteRewardError
 from asyncrl.engine.base import GenerateResult, Generator, SamplingParams
+from asyncrl.engine.client import EngineRequestError
 from asyncrl.envs.base import Sample
 from asyncrl.rollout.admission import StalenessGate
 from asyncrl.rollout.prompts import PromptDraw, PromptSource
-from asyncrl.rollout.reward_model import RewardModelError
+from asyncrl.rollout.reward_model import GenerativeJudge, RewardModel, RewardModelError
 from asyncrl.rollout.trajectory_log import TrajectoryLog
 
 log = logging.getLogger(__name__)
@@ -48,8 +50,6 @@ log = logging.getLogger(__name__)
 
 def engine_unreachable(e: BaseException) -> bool:
     """An engine that does not answer or answers 5xx (down, restarting), as opposed to a bad request."""
-    from asyncrl.engine.client import EngineRequestError
-
     return isinstance(e, EngineRequestError) and (e.status is None or e.status >= 500)
 
 
@@ -104,8 +104,8 @@ class RolloutWorker:
         """`reward_scorer`: the discriminative reward model (`async score_conversations(list of messages)
         -> scores`: a SequenceScorer or the client of its actor), when
         reward_model.kind=discriminative; a generative judge is built here on `engine`."""
+        # lazy: imports omegaconf, which this module does not load otherwise
         from asyncrl.agents.base import AgentContext
-        from asyncrl.buffer.client import AsyncBufferProducer
 
         self.cfg, self.worker_id, self.num_workers = cfg, worker_id, num_workers
         position = position or RolloutPosition()
@@ -244,6 +244,7 @@ class RolloutWorker:
         self.counts["groups_done"] += 1
 
     async def _run_episode(self, sample: Sample) -> None:
+        # lazy: imports omegaconf, which this module does not load otherwise
         from asyncrl.agents.base import run_episode_chains
 
         async with self._episodes:
@@ -303,8 +304,6 @@ def _prompt_text(sample: Sample) -> str:
 
 
 def _reward_model(cfg: Config, scorer: Any, engine: Any, tokenizer: Any) -> Any:
-    from asyncrl.rollout.reward_model import GenerativeJudge, RewardModel
-
     rm = cfg.reward_model
     if rm.kind == "none":
         return None

@@ -36,6 +36,7 @@ import ray
 from asyncrl import registry
 from asyncrl.config import Config
 from asyncrl.console_log import ConsoleLog, write_overrides
+from asyncrl.envs.base import resolve_env
 from asyncrl.learner.checkpoint import checkpoint_version, prune_checkpoints
 from asyncrl.metrics import MetricsLogger
 from asyncrl.run.fleet import Fleet, load_rows
@@ -52,6 +53,7 @@ from asyncrl.run_dir import (
     run_dir,
 )
 from asyncrl.secrets import shown_config, withhold_env
+from asyncrl.sft.warm_start import WarmStartError, run_warm_start
 from asyncrl.util.auth import ENV as ENGINE_TOKEN_ENV
 from asyncrl.util.auth import ensure_token
 from asyncrl.util.stop_signals import raise_if_stopping, stop_on_signals
@@ -117,7 +119,6 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
     joins = cfg.ray.address or os.environ.get("RAY_ADDRESS")
     runtime_env = {"env_vars": {ENGINE_TOKEN_ENV: token}} if joins else None
     registry.load_all(cfg.plugins)
-    from asyncrl.envs.base import resolve_env
 
     env = resolve_env(cfg.env.name)
     rows = load_rows(cfg, env, "train") if rows is None else rows
@@ -183,8 +184,6 @@ def _warm_start(cfg: Config, env: Any, rows: Any, out: Path, start: RunStart,
     """The warm start before RL (asyncrl/sft/warm_start.py); on success `cfg.model.path` is its model.
     Returns (the WarmStart or None, None), or (None, the exit status) for a run that ends here: the
     warm start failed (1), was interrupted (128 + signum) or crashed (1, re-raised), with a summary."""
-    from asyncrl.sft.warm_start import WarmStartError, run_warm_start
-
     try:
         warm = run_warm_start(cfg, env, rows, out, resuming_rl=start.resume_from is not None)
     except WarmStartError as e:

@@ -25,8 +25,10 @@ class CriticActor:
         self.worker: Any = None
 
     def setup(self, threads: Optional[int] = None) -> int:
+        # lazy: imports torch, which this module does not load otherwise
         import torch
 
+        # lazy: imports torch, which this module does not load otherwise
         from asyncrl.learner.critic import CriticWorker
 
         if threads:

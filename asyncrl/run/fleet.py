@@ -29,14 +29,22 @@ from typing import Any, Optional
 import msgspec
 import ray
 
+from asyncrl.buffer.actor import BufferActor
+from asyncrl.buffer.keys import BufferKeys, endpoint
 from asyncrl.config import Config
 from asyncrl.data.group_ids import parse_group_id
 from asyncrl.data.job_state import JobState, RolloutPosition, RolloutState, StepResult
-from asyncrl.envs.base import load_rows
+from asyncrl.envs.base import load_rows, resolve_env
 from asyncrl.learner.checkpoint import MARKER
+from asyncrl.models import resolve_model_dir
+from asyncrl.rollout.evaluate import EvalActor
+from asyncrl.rollout.reward_model import reward_model_actor
+from asyncrl.run.engine_actor import EngineActor
 from asyncrl.run.learner_group import CriticGroup, LearnerGroup
+from asyncrl.run.rollout_actor import RolloutActor
 from asyncrl.run.supervisor import Supervisor
 from asyncrl.run_dir import RunLayout, critic_dir, step_dir
+from asyncrl.util.cpus import available_cpus, cpu_threads
 
 log = logging.getLogger("asyncrl")
 STOP_TIMEOUT_S = 30.0
@@ -67,12 +75,6 @@ class Fleet:
         """Start every part; with `resume_from`, from that checkpoint (the learner numbers its new weights above
         `highest_published`, the highest version the run ever published: asyncrl/run_dir.py's record).
         `status` is told what is starting (the progress line)."""
-        from asyncrl.buffer.actor import BufferActor
-        from asyncrl.buffer.keys import BufferKeys, endpoint
-        from asyncrl.models import resolve_model_dir
-        from asyncrl.run.engine_actor import EngineActor
-        from asyncrl.util.cpus import available_cpus, cpu_threads
-
         cfg = self.cfg
         self.tool_overrides = tool_overrides
         status("preparing the model")
@@ -95,8 +97,6 @@ class Fleet:
             status(f"starting {c.ranks} critic rank(s)")
             self.critics = CriticGroup(cfg, learner_threads)
         if cfg.reward_model.kind == "discriminative":  # its own worker, shared by every rollout worker
-            from asyncrl.rollout.reward_model import reward_model_actor
-
             self.reward_model = reward_model_actor().remote(cfg.reward_model)
             ray.get(self.reward_model.ready.remote())
         if cfg.engine.urls:  # attached servers: not ours to launch or restart
@@ -137,8 +137,6 @@ class Fleet:
         self.supervisor.start_workers(positions, self.version)
 
     def _spawn_worker(self, r: int, position: RolloutPosition, version: int) -> Any:
-        from asyncrl.run.rollout_actor import RolloutActor
-
         return RolloutActor.remote(self.cfg, r, self.cfg.trainer.rollout_workers, self.engine_urls,
                                    self.buffer_producer, str(self.out), self.tool_overrides, self.rows,
                                    position=position, version=version, run_id=self.run_id,
@@ -289,11 +287,7 @@ class Fleet:
     # ------------------------------------------------------------------ evaluation (runs beside training)
 
     def start_eval(self) -> None:
-        from asyncrl.rollout.evaluate import EvalActor
-
         if self.evaluator is None:
-            from asyncrl.envs.base import resolve_env
-
             val = load_rows(self.cfg, resolve_env(self.cfg.env.name), "val")[: self.cfg.trainer.eval_samples]
             self.evaluator = EvalActor.remote(self.cfg, self.engine_urls, self.tool_overrides, val)
         self._evals.append((self.step, self.evaluator.evaluate.remote(self.version)))

@@ -23,6 +23,8 @@ from typing import Any, Optional
 import msgspec
 import ray
 
+from asyncrl import registry
+from asyncrl.buffer.client import BufferConsumer
 from asyncrl.buffer.keys import BufferEndpoint
 from asyncrl.config import Config
 from asyncrl.data.job_state import JobState, StepResult
@@ -42,14 +44,16 @@ class LearnerActor:
         self.uncommitted: list[int] = []
 
     def setup(self, buffer: Optional[BufferEndpoint], threads: Optional[int] = None) -> int:
+        # lazy: imports torch, which this module does not load otherwise
         import torch
 
+        # lazy: imports torch, which this module does not load otherwise
         from asyncrl.learner.distributed import init_distributed
 
         if threads:
             torch.set_num_threads(threads)  # Ray leaves an actor one thread (OMP_NUM_THREADS=1)
 
-        from asyncrl import registry
+        # lazy: imports torch, which this module does not load otherwise
         from asyncrl.learner.worker import LearnerWorker
 
         registry.load_all(self.cfg.plugins)
@@ -57,8 +61,6 @@ class LearnerActor:
                          timeout_s=self.cfg.trainer.learner_timeout_s)
         self.worker = LearnerWorker(self.cfg, rank=self.rank, world_size=self.world_size)
         if self.rank == 0 and buffer is not None:
-            from asyncrl.buffer.client import BufferConsumer
-
             self.consumer = BufferConsumer(buffer)
         return self.worker.version
 
@@ -85,6 +87,7 @@ class LearnerActor:
     # ------------------------------------------------------------------ weights
 
     def connect_engines(self, engine_urls: list[str]) -> None:
+        # lazy: imports torch, which this module does not load otherwise
         from asyncrl.weight_sync import make_sender
 
         self.close_sender()  # a reconnect (an engine was restarted) replaces the old group/connections

@@ -22,6 +22,9 @@ from ray.exceptions import RayActorError, RayTaskError
 from asyncrl.buffer.keys import BufferEndpoint
 from asyncrl.config import Config
 from asyncrl.data.job_state import JobState, StepResult
+from asyncrl.run.critic_actor import CriticActor
+from asyncrl.run.learner_actor import LearnerActor
+from asyncrl.util.net import free_port
 
 DEATH_GRACE_S = 30.0  # after one rank fails, how long to look for a rank that died (the root cause)
 
@@ -79,9 +82,6 @@ class RankGroup:
 class LearnerGroup(RankGroup):
     def __init__(self, cfg: Config, buffer: BufferEndpoint, threads: Optional[int] = None):
         """`buffer`: the consumer's endpoint (its CURVE key pair, if any), handed to rank 0 alone."""
-        from asyncrl.run.learner_actor import LearnerActor
-        from asyncrl.util.net import free_port
-
         port, n = free_port(), cfg.trainer.learner_ranks
         self.actors = [LearnerActor.remote(cfg, r, n, "127.0.0.1", port) for r in range(n)]
         # set-up runs while the caller starts other parts (the engines); wait_ready() waits for it
@@ -153,9 +153,6 @@ class CriticGroup(RankGroup):
     role = "critic"
 
     def __init__(self, cfg: Config, threads: Optional[int] = None):
-        from asyncrl.run.critic_actor import CriticActor
-        from asyncrl.util.net import free_port
-
         port, n = free_port(), cfg.algorithm.critic.ranks
         self.actors = [CriticActor.remote(cfg, r, n, "127.0.0.1", port) for r in range(n)]
         self._setup = [a.setup.remote(threads) for a in self.actors]

@@ -60,6 +60,7 @@ from asyncrl.models import (
     is_cached,
     local_model_path,
 )
+from asyncrl.sft.warm_start import skipped_because
 from asyncrl.tools.loader import load_tool_specs, tool_name, tool_schemas
 
 log = logging.getLogger("asyncrl.run.preflight")
@@ -202,6 +203,7 @@ def check_model(cfg: Config) -> tuple[Optional[str], list[str]]:
 
 def load_tokenizer(source: str) -> Any:
     """The tokenizer of a checkpoint dir, or of the default model's GGUF file (before its conversion)."""
+    # lazy: imports transformers, which this module does not load otherwise
     from transformers import AutoTokenizer  # seconds to import: only once a tokenizer is needed
 
     p = Path(source)
@@ -296,8 +298,6 @@ def check_warm_start(cfg: Config, env: Env, problems: list[str], warnings: list[
     """warm_start.mode=on needs an env and agent that can demonstrate and an agent.tool_parser that renders (a
     problem otherwise); auto runs no warm start without them or with a model.path of the user's own (a warning
     saying which). Returns what will run before RL, for the report."""
-    from asyncrl.sft.warm_start import skipped_because
-
     ws = cfg.warm_start
     reason = skipped_because(cfg, env, tokenizer) if ws.mode != "off" else None
     if ws.mode == "on" and reason:

@@ -7,9 +7,13 @@ from typing import Any
 
 import ray
 
+from asyncrl import registry
 from asyncrl.buffer.keys import BufferEndpoint
 from asyncrl.config import Config
 from asyncrl.data.job_state import RolloutPosition, RolloutState
+from asyncrl.engine.client import EngineClient
+from asyncrl.models import load_tokenizer
+from asyncrl.rollout.reward_model import ActorScorer
 
 
 @ray.remote
@@ -24,10 +28,7 @@ class RolloutActor:
         self.task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        from asyncrl import registry
-        from asyncrl.engine.client import EngineClient
-        from asyncrl.models import load_tokenizer
-        from asyncrl.rollout.reward_model import ActorScorer
+        # lazy: imports pyarrow, which this module does not load otherwise
         from asyncrl.rollout.worker import RolloutWorker
 
         cfg, worker_id, num_workers, urls, buffer, output_dir, overrides, rows = self.args

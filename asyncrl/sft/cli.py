@@ -14,9 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from asyncrl.config import ConfigError, load_config
+
 
 def demos_command(env: Any, args: argparse.Namespace) -> int:
-    from asyncrl.config import ConfigError, load_config
+    # lazy: imports pyarrow, which this module does not load otherwise
     from asyncrl.sft.demos import demonstrate, write_demos
 
     if args.limit is not None and args.limit < 1:

@@ -21,8 +21,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from asyncrl.agents.chat import ChatFormat
 from asyncrl.agents.tool_calls import renderer
-from asyncrl.data.rows import DataError
+from asyncrl.agents.trajectory_builder import TrajectoryBuilder
+from asyncrl.data.rows import DataError, iter_file
+from asyncrl.envs.base import DemoCall, DemoTurn
+from asyncrl.sft.demos import render_turn
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -89,8 +93,6 @@ def check_row(row: Any, index: int) -> dict[str, Any]:
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """Every row of a JSONL or parquet file, checked (`check_row`); the first bad one is a DataError."""
-    from asyncrl.data.rows import iter_file
-
     p = Path(path)
     if not p.is_file():
         raise DataError(f"no such file: {p}", source=str(p))
@@ -109,11 +111,6 @@ def render_conversation(tokenizer: Any, agent_cfg: Any, row: dict[str, Any], uid
     """The checked row as a Trajectory (module docstring): loss mask 1 exactly on the assistant turns' tokens.
     A conversation longer than agent.max_response_tokens (or a turn over agent.max_turn_tokens) is a
     DataError: cut, it would teach the model to stop mid-answer."""
-    from asyncrl.agents.chat import ChatFormat
-    from asyncrl.agents.trajectory_builder import TrajectoryBuilder
-    from asyncrl.envs.base import DemoCall, DemoTurn
-    from asyncrl.sft.demos import render_turn
-
     writer = renderer(agent_cfg.tool_parser, tokenizer)  # ToolFormatError (a ValueError) when it cannot render
     messages, tools = row["messages"], row["tools"]
     first = next(j for j, m in enumerate(messages) if m["role"] == "assistant")

@@ -22,11 +22,14 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Optional
 
+from asyncrl.agents.chat import ChatFormat
 from asyncrl.agents.tool_calls import renderer
 from asyncrl.engine.base import GenerateResult, SamplingParams
-from asyncrl.envs.base import DemoError, DemoTurn
+from asyncrl.envs.base import DemoError, DemoTurn, Sample
+from asyncrl.models import load_tokenizer
 
 
 def render_turn(turn: DemoTurn, parser: Any, tokenizer: Any = None) -> str:
@@ -95,9 +98,8 @@ async def make_demos(ctx: Any, env: Any, rows: list[tuple[int, dict[str, Any]]],
                      concurrency: int = 8) -> DemoReport:
     """Play each row's demonstration through `agent` over a TeacherEngine (see the module docstring).
     `ctx`: an AgentContext whose tools and reward are the env's; its engine is replaced here."""
+    # lazy: imports omegaconf, which this module does not load otherwise
     from asyncrl.agents.base import run_episode
-    from asyncrl.agents.chat import ChatFormat
-    from asyncrl.envs.base import Sample
 
     writer = renderer(ctx.cfg.tool_parser, ctx.tokenizer)  # a parser that cannot render fails here, before any row
     stop = ChatFormat(ctx.tokenizer).stop_token_ids()[0]
@@ -150,8 +152,8 @@ async def make_demos(ctx: Any, env: Any, rows: list[tuple[int, dict[str, Any]]],
 def demonstrate(cfg: Any, env: Any, rows: list[tuple[int, dict[str, Any]]]) -> DemoReport:
     """`make_demos` for a run's config (asyncrl.config.Config): the env's services running (search_r1's
     retrieval server), the configured agent, tools, reward and the model's tokenizer."""
+    # lazy: imports omegaconf, which this module does not load otherwise
     from asyncrl.agents.base import AgentContext
-    from asyncrl.models import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model)
     with env.services(cfg.env) as tool_overrides:
@@ -161,8 +163,6 @@ def demonstrate(cfg: Any, env: Any, rows: list[tuple[int, dict[str, Any]]]) -> D
 
 def write_demos(rows: list[dict[str, Any]], path: Any) -> None:
     """The demonstration rows as JSONL at `path`, atomically (a reader never sees half a file)."""
-    from pathlib import Path
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")

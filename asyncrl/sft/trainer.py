@@ -28,6 +28,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from asyncrl import registry
+from asyncrl.config import ConfigError, load_config
+from asyncrl.metrics import MetricsLogger
+from asyncrl.models import load_tokenizer
+from asyncrl.run_dir import RunLayout, latest_checkpoint
+from asyncrl.util.stop_signals import interrupted, stopping_on_signals
 
 RAW_ARGS = True  # Hydra overrides mix with the flags: parsed here
 
@@ -114,9 +119,10 @@ def schedule(n_rows: int, epochs: int, batch: int, seed: int) -> list[list[int]]
 
 
 def main(args: argparse.Namespace) -> int:
-    from asyncrl.config import ConfigError, load_config
+    # lazy: imports pyarrow, which this module does not load otherwise
     from asyncrl.data.rows import DataError
-    from asyncrl.models import load_tokenizer
+
+    # lazy: imports pyarrow, which this module does not load otherwise
     from asyncrl.sft.data import read_rows, render_conversation
 
     a = build_parser().parse_intermixed_args(args.argv)
@@ -142,7 +148,6 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError, DataError, registry.PluginError) as e:  # ToolFormatError is a ValueError
         print(f"asyncrl sft: {e}", file=sys.stderr)
         return 2
-    from asyncrl.util.stop_signals import interrupted, stopping_on_signals
 
     with stopping_on_signals() as got:
         try:
@@ -158,6 +163,7 @@ def main(args: argparse.Namespace) -> int:
 
 def val_loss(worker: Any, trajs: list[Any]) -> float:
     """Mean NLL per assistant token of `trajs` under the worker's model (no update)."""
+    # lazy: imports torch, which this module does not load otherwise
     from asyncrl.learner.packing import specs_of
 
     specs, masks = specs_of(trajs)
@@ -170,9 +176,8 @@ def train(cfg: Any, trajs: list[Any], val: list[Any], plan: SftPlan, label: str 
     """Train `cfg` (made by `sft_config`) on the rendered conversations `trajs` as `plan` says; resumes from the
     newest checkpoint in plan.out; exports plan.out/final; metrics in plan.out/metrics.jsonl. `label`: put before
     each progress line (asyncrl train's warm start)."""
+    # lazy: imports torch, which this module does not load otherwise
     from asyncrl.learner.worker import LearnerWorker
-    from asyncrl.metrics import MetricsLogger
-    from asyncrl.run_dir import RunLayout, latest_checkpoint
 
     out = Path(plan.out)
     layout = RunLayout(out)  # an SFT dir holds metrics.jsonl, checkpoints/ and final/ as a run dir does

@@ -26,6 +26,7 @@ RL run whose directory has no finished warm start keeps its checkpoint's policy 
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -37,7 +38,11 @@ from typing import Any, Optional
 from asyncrl.agents.tool_calls import renderer
 from asyncrl.config import Config, to_dict
 from asyncrl.envs.base import Env, can_demonstrate
+from asyncrl.models import load_tokenizer
 from asyncrl.run_dir import WARM_START_DISCARDED, RunLayout, timestamp_name
+from asyncrl.sft import trainer as sft_trainer
+from asyncrl.sft.data import read_rows, render_conversation
+from asyncrl.sft.demos import demonstrate, write_demos
 
 log = logging.getLogger("asyncrl")
 
@@ -133,8 +138,6 @@ def run_warm_start(cfg: Config, env: Env, rows: Any, out: Path, resuming_rl: boo
 def make_demo_file(cfg: Config, env: Env, rows: list[dict[str, Any]], d: Path) -> tuple[Path, int, int]:
     """Solve and check `rows` (asyncrl/sft/demos.py) into d/demos-train.jsonl (atomic; reused when present:
     seeded, so the same plan makes the same file). Returns (path, demonstrations kept, rows rejected)."""
-    from asyncrl.sft.demos import demonstrate, write_demos
-
     path = d / "demos-train.jsonl"
     counts = d / "demos.json"
     if path.exists() and (c := _read_json(counts)) is not None:
@@ -154,24 +157,19 @@ def make_demo_file(cfg: Config, env: Env, rows: list[dict[str, Any]], d: Path) -
 
 def fine_tune(cfg: Config, demos_path: Path, d: Path) -> Any:
     """SFT on the demonstrations with the RL learner, in this process; its memory is freed before RL."""
-    import gc
-
-    from asyncrl.models import load_tokenizer
-    from asyncrl.sft.data import read_rows, render_conversation
-    from asyncrl.sft.trainer import SftError, SftPlan, schedule, sft_config, train
-
     ws = cfg.warm_start
     rows = read_rows(demos_path)
-    plan = SftPlan(out=d, epochs=ws.epochs, batch=ws.batch, lr=ws.lr, seed=cfg.seed)
-    scfg = sft_config(cfg, plan, len(schedule(len(rows), ws.epochs, ws.batch, cfg.seed)))
+    plan = sft_trainer.SftPlan(out=d, epochs=ws.epochs, batch=ws.batch, lr=ws.lr, seed=cfg.seed)
+    scfg = sft_trainer.sft_config(cfg, plan, len(sft_trainer.schedule(len(rows), ws.epochs, ws.batch, cfg.seed)))
     tok = load_tokenizer(scfg.model)
     trajs = [render_conversation(tok, scfg.agent, r, uid=f"warm-{i}") for i, r in enumerate(rows)]
     try:
-        return train(scfg, trajs, [], plan, label="warm start: ")
-    except SftError as e:
+        return sft_trainer.train(scfg, trajs, [], plan, label="warm start: ")  # looked up here: tests replace it
+    except sft_trainer.SftError as e:
         raise WarmStartError(f"{e} (in {d})") from None
     finally:  # the learner's tensors go with it: the engines and the RL learner need the memory (or GPU) next
         gc.collect()
+        # lazy: imports torch, which this module does not load otherwise
         import torch
 
         if torch.cuda.is_available():

@@ -29,6 +29,7 @@ INDEX = "model.safetensors.index.json"
 
 def write_shard(bucket: Bucket, out_dir: Path, n: int, weight_map: dict[str, str]) -> int:
     """Write bucket `n` (1-based) as one safetensors file into `out_dir`; its bytes."""
+    # lazy: imports safetensors, which this module does not load otherwise
     from safetensors.torch import save_file
 
     fname = f"model-{n:05d}.safetensors"

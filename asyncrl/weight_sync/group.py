@@ -15,6 +15,13 @@ from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import (
+        Backend,
+        PrefixStore,
+        _new_process_group_helper,
+        _world,
+        rendezvous,
+    )
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +38,6 @@ def init_custom_process_group(
 
     Blocks until all ranks arrived or `timeout` (seconds) passed; the same timeout bounds every
     collective of the returned group, so a dead peer turns into an error, never a hang."""
-    from torch.distributed.distributed_c10d import (
-        Backend,
-        PrefixStore,
-        _new_process_group_helper,
-        _world,
-        rendezvous,
-    )
-
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"weight-update group {group_name!r}: backend {backend!r} is not gloo or nccl")
     if not (0 <= rank < world_size):

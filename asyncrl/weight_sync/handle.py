@@ -16,9 +16,14 @@ import asyncio
 import threading
 from typing import Any
 
+import torch
+
 from asyncrl.config import WeightSyncConfig
+from asyncrl.weight_sync.disk import DiskTransport
+from asyncrl.weight_sync.distributed import GroupTransport
 from asyncrl.weight_sync.errors import WeightSyncError
 from asyncrl.weight_sync.sender import SyncReport, Transport, WeightSender, drain
+from asyncrl.weight_sync.tensor import TensorTransport
 
 TRANSPORTS = ("gloo", "nccl", "tensor", "disk")
 
@@ -36,14 +41,9 @@ def resolve_transport(requested: str, cuda_available: bool, colocated: bool) -> 
 
 def _transport(cfg: WeightSyncConfig, kind: str) -> Transport:
     if kind in ("gloo", "nccl"):
-        from asyncrl.weight_sync.distributed import GroupTransport
-
         return GroupTransport(kind, timeout_s=cfg.timeout_s)
     if kind == "tensor":
-        from asyncrl.weight_sync.tensor import TensorTransport
-
         return TensorTransport(timeout_s=cfg.timeout_s)
-    from asyncrl.weight_sync.disk import DiskTransport
 
     return DiskTransport(cfg.disk_dir, timeout_s=cfg.timeout_s)
 
@@ -52,8 +52,6 @@ class SenderHandle:
     """Blocking façade for a (Ray actor) learner rank."""
 
     def __init__(self, cfg: WeightSyncConfig, rank: int, engine_urls: list[str], transport: str | None = None):
-        import torch
-
         self.cfg, self.rank, self.engine_urls = cfg, rank, list(engine_urls)
         self.bucket_bytes = int(cfg.bucket_mb) << 20
         self.sender: WeightSender | None = None

@@ -338,6 +338,7 @@ class WeightReceiver:
 
 def load_safetensors_files(files: Sequence[Path], model_path: str) -> list[tuple[str, torch.Tensor]]:
     """All tensors of `files` (weight_files' list for `model_path`, named in the error)."""
+    # lazy: imports safetensors, which this module does not load otherwise
     from safetensors.torch import load_file
 
     if not files:

@@ -48,7 +48,9 @@ class TensorUnpickler(pickle.Unpickler):
             raise UnsafePayload(f"refused global {module}.{name}: a tensor payload only names torch's "
                                 f"tensor and storage rebuild functions")
         if module == _REDUCTIONS:
-            import torch.multiprocessing  # noqa: F401 - registers the reductions (CUDA-IPC included)
+            # lazy: torch.multiprocessing registers its reductions (CUDA-IPC included) on import; only a
+            # payload that names them needs that
+            import torch.multiprocessing  # noqa: F401
         return super().find_class(module, name)
 
 

@@ -14,6 +14,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+from multiprocessing.reduction import ForkingPickler
+
+import torch
+import torch.multiprocessing
 
 from asyncrl.config import WeightSyncConfig
 from asyncrl.weight_sync.distributed import tp_size_of
@@ -24,10 +28,6 @@ from asyncrl.weight_sync.sender import Bucket, SyncReport, Transport
 
 def serialize_named_tensors(named: Bucket) -> str:
     """ForkingPickler + base64 (SGLang's MultiprocessingSerializer.serialize(..., output_str=True))."""
-    from multiprocessing.reduction import ForkingPickler
-
-    import torch.multiprocessing  # noqa: F401 - registers torch's (CUDA-IPC) reductions with ForkingPickler
-
     buf = io.BytesIO()
     ForkingPickler(buf).dump(list(named))
     return base64.b64encode(buf.getvalue()).decode("ascii")
@@ -43,8 +43,6 @@ class TensorTransport(Transport):
         self.tp_size: dict[str, int] = {}
 
     async def prepare(self, http: EngineHTTP, engines: list[str]) -> dict[str, WeightSyncError]:
-        import torch
-
         if not torch.cuda.is_available():
             raise WeightSyncError("config", "transport 'tensor' (CUDA-IPC) needs a GPU; use gloo or disk on CPU")
         sizes = await asyncio.gather(*(tp_size_of(http, u) for u in engines))

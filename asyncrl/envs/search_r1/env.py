@@ -30,7 +30,7 @@ from typing import Any
 
 from asyncrl.config import EnvConfig
 from asyncrl.data.rows import write_rows
-from asyncrl.envs.base import Env
+from asyncrl.envs.base import DemoCall, DemoError, DemoTurn, Env
 from asyncrl.registry import register
 
 from ..rewards import em, extract_answer_tag, substring_em
@@ -117,8 +117,6 @@ class SearchR1Env(Env):
 
     def demo_turns(self, row: dict[str, Any]) -> list[Any]:
         """One search per hop (the title of each document the answer needs, in order), then the answer."""
-        from asyncrl.envs.base import DemoCall, DemoError, DemoTurn
-
         hops = (row.get("extra_info") or {}).get("hops")
         target = ((row.get("reward_model") or {}).get("ground_truth") or {}).get("target")
         if not hops or not target:

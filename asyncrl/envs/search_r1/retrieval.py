@@ -105,6 +105,7 @@ class DenseIndex:
 
     def __init__(self, docs: list[dict[str, str]], model_dir: Any = None, batch_size: int = 64):
         # Dense retrieval only (it needs the optional all-minilm package): a BM25 server starts without torch.
+        # lazy: imports torch, transformers, which this module does not load otherwise
         import torch
         from transformers import AutoModel, AutoTokenizer
 
@@ -126,6 +127,7 @@ class DenseIndex:
 
     def encode(self, texts: list[str]) -> Any:
         """(len(texts), dim) float32: mean of the last hidden states over real tokens, L2-normalized."""
+        # lazy: imports torch, which this module does not load otherwise
         import torch  # loaded by __init__ already; local for the reason given there
 
         out = []
