@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 async def _measure(args: argparse.Namespace, worker, urls: list[str]) -> dict:
     # lazy: imports torch, which this module does not load otherwise
     from asyncrl.weight_sync import WeightSender
-    from asyncrl.weight_sync.distributed import GroupTransport
+    from asyncrl.weight_sync.broadcast import GroupTransport
 
     transport = GroupTransport("gloo", timeout_s=300, coalesce=not args.no_coalesce)
     sender = WeightSender(transport, timeout_s=300, mode=args.mode)

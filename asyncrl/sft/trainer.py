@@ -1,7 +1,7 @@
 """`asyncrl sft DATA [--val FILE] [--out DIR] [--epochs E] [--batch B] [--lr LR] [overrides...]`: supervised warm start.
 
 The same learner as RL (asyncrl/learner/worker.py `LearnerWorker`, one rank in this process) trains on the
-rendered conversations (asyncrl/sft/data.py: loss on exactly the assistant turns' tokens) with the `sft`
+rendered conversations (asyncrl/sft/conversations.py: loss on exactly the assistant turns' tokens) with the `sft`
 loss, the mean negative log-likelihood per token (`algorithm.loss_agg`), at temperature 1. Config: the
 usual Hydra overrides (model, agent: its system prompt, tool parser and token budgets; algorithm: packing,
 micro_batch_tokens, lr schedule, warmup), with these fixed for SFT: loss=sft, decoupled=false,
@@ -123,7 +123,7 @@ def main(args: argparse.Namespace) -> int:
     from asyncrl.data.rows import DataError
 
     # lazy: imports pyarrow, which this module does not load otherwise
-    from asyncrl.sft.data import read_rows, render_conversation
+    from asyncrl.sft.conversations import read_rows, render_conversation
 
     a = build_parser().parse_intermixed_args(args.argv)
     data = [x for x in a.items if "=" not in x]

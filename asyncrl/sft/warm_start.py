@@ -41,7 +41,7 @@ from asyncrl.envs.base import Env, can_demonstrate
 from asyncrl.models import load_tokenizer
 from asyncrl.run_dir import WARM_START_DISCARDED, RunLayout, timestamp_name
 from asyncrl.sft import trainer as sft_trainer
-from asyncrl.sft.data import read_rows, render_conversation
+from asyncrl.sft.conversations import read_rows, render_conversation
 from asyncrl.sft.demos import demonstrate, write_demos
 
 log = logging.getLogger("asyncrl")

@@ -6,7 +6,7 @@
     WeightSender(transport, timeout_s=, mode=)   # the protocol (sender.py): connect / sync / close
     WeightSyncError.code in {"refused", "unreachable", "timeout", "config"}; WeightMismatchError
 
-Transports (move the bytes only): GroupTransport gloo/nccl (distributed.py), TensorTransport
+Transports (move the bytes only): GroupTransport gloo/nccl (broadcast.py), TensorTransport
 CUDA-IPC (tensor.py), DiskTransport (disk.py). The engine side is routes.make_router(core).
 """
 

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from asyncrl.config import WeightSyncConfig
+from asyncrl.weight_sync.broadcast import GroupTransport
 from asyncrl.weight_sync.disk import DiskTransport
-from asyncrl.weight_sync.distributed import GroupTransport
 from asyncrl.weight_sync.errors import WeightSyncError
 from asyncrl.weight_sync.sender import SyncReport, Transport, WeightSender, drain
 from asyncrl.weight_sync.tensor import TensorTransport

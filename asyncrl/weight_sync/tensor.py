@@ -20,7 +20,7 @@ import torch
 import torch.multiprocessing
 
 from asyncrl.config import WeightSyncConfig
-from asyncrl.weight_sync.distributed import tp_size_of
+from asyncrl.weight_sync.broadcast import tp_size_of
 from asyncrl.weight_sync.engine_http import EngineHTTP
 from asyncrl.weight_sync.errors import WeightMismatchError, WeightSyncError
 from asyncrl.weight_sync.sender import Bucket, SyncReport, Transport

@@ -12,7 +12,7 @@ from asyncrl.config import LoraConfig
 from asyncrl.engine.launcher import launch_embedded
 from asyncrl.learner.lora import LoraLinear, apply_lora, merge_state_dict
 from asyncrl.weight_sync import WeightSender
-from asyncrl.weight_sync.distributed import GroupTransport
+from asyncrl.weight_sync.broadcast import GroupTransport
 from tests.learner.helpers import make_batch, make_cfg
 from tests.weight_sync.test_sync import greedy
 

@@ -114,7 +114,7 @@ async def test_demos_in_a_non_hermes_format_on_its_familys_template_play_and_ren
                                                                                                       parser):
     """agent.tool_parser=<non-hermes>: the demonstrations are written in that format (by its parser), the agent
     loop parses and runs them (full reward), and SFT renders each to exactly the tokens the loop produced."""
-    from asyncrl.sft.data import check_row, render_conversation
+    from asyncrl.sft.conversations import check_row, render_conversation
 
     saved = tokenizer.chat_template
     tokenizer.chat_template = (TEMPLATES / f"{FAMILY_TEMPLATES[parser]}.jinja").read_text()

@@ -14,7 +14,7 @@ from asyncrl.config import AgentConfig, load_config
 from asyncrl.data.rows import DataError
 from asyncrl.envs.base import resolve_env
 from asyncrl.sft import trainer
-from asyncrl.sft.data import check_row, read_rows, render_conversation
+from asyncrl.sft.conversations import check_row, read_rows, render_conversation
 from asyncrl.sft.demos import make_demos
 
 pytestmark = pytest.mark.timeout(180)

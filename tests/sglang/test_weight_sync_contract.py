@@ -27,8 +27,8 @@ from asyncrl.engine.client import EngineClient
 from asyncrl.engine.launcher import launch_embedded
 from asyncrl.util.auth import auth_headers
 from asyncrl.weight_sync import WeightMismatchError, WeightSender
+from asyncrl.weight_sync.broadcast import GroupTransport
 from asyncrl.weight_sync.disk import DiskTransport
-from asyncrl.weight_sync.distributed import GroupTransport
 from asyncrl.weight_sync.tensor import TensorTransport
 from tests.sglang.conftest import SGLangApp, skip_without_sglang
 from tests.sglang.weight_recorder import HELD, ModelRunner, WeightRecorder

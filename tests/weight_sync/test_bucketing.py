@@ -96,8 +96,8 @@ def test_bucket_budget_is_checked_when_asked_not_at_the_first_bucket():
 
 
 def test_the_served_dtype_is_used_only_when_every_engine_names_the_same_known_one():
+    from asyncrl.weight_sync.broadcast import _served_dtype
     from asyncrl.weight_sync.bucketing import is_float_dtype
-    from asyncrl.weight_sync.distributed import _served_dtype
 
     assert _served_dtype([{"dtype": "bfloat16"}, {"dtype": "bfloat16"}]) == torch.bfloat16
     for hostile in ([{"dtype": "bfloat16"}, {"dtype": "float32"}],  # engines disagree

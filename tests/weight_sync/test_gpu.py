@@ -67,7 +67,7 @@ async def test_tensor_transport_to_a_colocated_embedded_engine(tiny_model_dir, m
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs the engine on another GPU than the sender")
 async def test_nccl_transport_to_an_embedded_engine_on_another_gpu(tiny_model_dir, moved):
     from asyncrl.weight_sync import WeightSender
-    from asyncrl.weight_sync.distributed import GroupTransport
+    from asyncrl.weight_sync.broadcast import GroupTransport
 
     model, export = moved
     with launch_embedded(export, device="cuda", dtype="float32", extra_env={"CUDA_VISIBLE_DEVICES": "1"}) as ref:
@@ -94,7 +94,7 @@ async def test_same_sender_against_a_real_sglang_server(tiny_model_dir, moved, t
     from asyncrl.config import EngineConfig
     from asyncrl.engine.launcher import launch_sglang
     from asyncrl.weight_sync import WeightSender
-    from asyncrl.weight_sync.distributed import GroupTransport
+    from asyncrl.weight_sync.broadcast import GroupTransport
     from asyncrl.weight_sync.tensor import TensorTransport
 
     model, export = moved

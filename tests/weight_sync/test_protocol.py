@@ -11,8 +11,8 @@ import pytest
 
 from asyncrl.config import WeightSyncConfig
 from asyncrl.weight_sync import WeightMismatchError, WeightSender, WeightSyncError, make_sender
+from asyncrl.weight_sync.broadcast import GroupTransport
 from asyncrl.weight_sync.disk import DiskTransport
-from asyncrl.weight_sync.distributed import GroupTransport
 from asyncrl.weight_sync.engine_http import EngineHTTP, classify
 
 

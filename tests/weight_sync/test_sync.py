@@ -28,9 +28,9 @@ from asyncrl.engine.client import EngineClient
 from asyncrl.engine.launcher import launch_embedded
 from asyncrl.util.auth import auth_headers
 from asyncrl.weight_sync import WeightMismatchError, WeightSender, WeightSyncError, make_sender
+from asyncrl.weight_sync.broadcast import GroupTransport
 from asyncrl.weight_sync.bucketing import iter_buckets
 from asyncrl.weight_sync.disk import DiskTransport
-from asyncrl.weight_sync.distributed import GroupTransport
 
 PROMPTS = [[1, 2, 3, 4], [17, 900, 4242, 31, 8]]
 GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}

@@ -9,8 +9,8 @@ import inspect
 from asyncrl.config import EngineConfig, WeightSyncConfig
 from asyncrl.engine.client import EngineClient
 from asyncrl.run.supervisor import Supervisor
+from asyncrl.weight_sync.broadcast import GroupTransport
 from asyncrl.weight_sync.disk import DiskTransport
-from asyncrl.weight_sync.distributed import GroupTransport
 from asyncrl.weight_sync.engine_http import PROBE_TIMEOUT_S, EngineHTTP
 from asyncrl.weight_sync.sender import PAUSE_MODE, WeightSender
 from asyncrl.weight_sync.tensor import TensorTransport
