@@ -21,7 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("asyncrl.engine.cli", "run the embedded inference engine server alone"),
     "retriever": ("asyncrl.envs.search_r1.cli", "run the retrieval server for Search-R1 (asyncrl retriever serve)"),
     "export": ("asyncrl.learner.export", "export a training checkpoint as a plain Hugging Face directory"),
-    "bench": ("asyncrl.bench", "run a benchmark (buffer | engine | learner | weights | e2e); prints a JSON line"),
+    "bench": ("asyncrl.bench", "run a benchmark (asyncrl bench --help lists them); prints a JSON line"),
     "diagnose": ("asyncrl.commands.diagnose", "report versions, devices and whether the default model loads"),
     "sft": ("asyncrl.sft.trainer", "supervised warm start on chat data with tool calls "
             "(asyncrl sft demos.jsonl --out outputs/sft; then asyncrl train model.path=outputs/sft/final)"),

@@ -17,8 +17,12 @@ from asyncrl.bench.rounds import machine
 RAW_ARGS = True
 
 
+HELPERS = ("rounds",)  # modules the benchmarks share, not benchmarks themselves
+
+
 def available() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    """The benchmarks: every module here but the helpers (read from the folder: nothing is imported)."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_") and m.name not in HELPERS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -26,3 +26,18 @@ def test_a_non_finite_or_negative_temperature_is_refused(value):
 def test_device_cuda_without_a_gpu_is_refused():
     with pytest.raises(SystemExit, match=r"--device cuda, but torch .* sees no CUDA GPU"):
         bench_engine.run(_args("--device", "cuda"))
+
+
+def test_bench_lists_exactly_the_modules_that_are_benchmarks():
+    """`asyncrl bench --help` names every module with the benchmark entry points, and nothing else."""
+    import importlib
+
+    from asyncrl import bench
+
+    names = bench.available()
+    for name in names:
+        module = importlib.import_module(f"asyncrl.bench.{name}")
+        assert callable(getattr(module, "run", None)) and callable(getattr(module, "add_arguments", None)), name
+    for helper in bench.HELPERS:
+        assert not hasattr(importlib.import_module(f"asyncrl.bench.{helper}"), "run"), helper
+    assert {"buffer", "engine", "learner", "weights", "e2e", "agents", "data", "retriever"} <= set(names)
