@@ -48,7 +48,7 @@ class AgentContext:
     tokenizer: Any  # HF tokenizer
     cfg: AgentConfig
     tool_specs: list[ToolSpec]  # from tools.loader.load_tool_specs
-    reward_fn: Callable  # sync or async; see env_api.score
+    reward_fn: Callable  # sync or async; see asyncrl.envs.base.score
     env_name: str = ""
     tool_overrides: dict = field(default_factory=dict)  # {tool_name: {config_key: value}}
     interactions: list = field(default_factory=list)  # InteractionSpec (or dicts) configuring interactions by name
