@@ -307,6 +307,11 @@ def drop_and_exec(cfg: dict, identity: str, out_w: int, err_w: int) -> None:
             os.setresgid(NOBODY, NOBODY, NOBODY)
             os.setresuid(NOBODY, NOBODY, NOBODY)
         elif identity == "nested":  # only our own uid is mapped: a nested user namespace where we are 65534 and hold no caps
+            # The init made itself non-dumpable (its /proc files owned by root, so the program cannot reach
+            # it) and this fork inherited that: the new namespace's /proc/self/{setgroups,uid_map,gid_map}
+            # would be root's too, and unwritable by a non-root user. The child execs the program right after
+            # (execve makes it dumpable anyway), so it may be dumpable for these writes; the init stays not.
+            check(libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl(PR_SET_DUMPABLE) for the program")
             check(libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER) for the program")
             for name, text in (("setgroups", "deny"), ("uid_map", f"{NOBODY} 0 1"), ("gid_map", f"{NOBODY} 0 1")):
                 with open(f"/proc/self/{name}", "w") as f:
