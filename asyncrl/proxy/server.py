@@ -6,7 +6,9 @@ OpenAI's shape): `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/m
 closes it when it ends. Generation goes token in, token out through the rollout side's `Generator`
 (the engine client and its router, sticky per episode: `session_id` is the episode's uid).
 
-Per request: validate (requests.py) -> prompt ids (Session.chat_prompt / text_prompt) -> budget
+Per request: the body's size (at most `max_body_bytes`, from the context budget: larger is 413 before a
+byte of it is parsed or tokenized, counted as it streams in, whatever Content-Length says) -> validate
+(requests.py) -> prompt ids (Session.chat_prompt / text_prompt) -> budget
 (prompt + max_tokens within agent.max_prompt_tokens + agent.max_response_tokens, else 400
 context_length_exceeded; max_tokens defaults to agent.max_turn_tokens) -> generate with the
 request's temperature / top_p / seed (else agent.sampling's), agent.sampling's top_k and
@@ -68,6 +70,37 @@ def trim_at_stop(ids: list[int], text: str, stops: list[str], decode: Any) -> Op
     return k
 
 
+BODY_OVERHEAD_BYTES = 1 << 20  # JSON structure, roles, tool schemas and other fields beside the text
+JSON_BYTES_PER_CHAR = 6  # the most JSON spends on one character (a \uXXXX escape)
+
+
+def max_body_bytes(cfg: AgentConfig, tokenizer: Any) -> int:
+    """The largest request body that can still fit the context (agent.max_prompt_tokens +
+    agent.max_response_tokens tokens): every token as long as the vocabulary's longest, every character
+    JSON-escaped, plus BODY_OVERHEAD_BYTES. A larger body would be refused as too long anyway, after
+    costing its parse and tokenization (a 200 MB one blocked the rollout worker's event loop for minutes)."""
+    longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
+    return (cfg.max_prompt_tokens + cfg.max_response_tokens) * longest * JSON_BYTES_PER_CHAR + BODY_OVERHEAD_BYTES
+
+
+async def read_body(request: Any, limit: int) -> bytes:
+    """The request's body, refused with 413 once it passes `limit` bytes (by Content-Length, or as it arrives)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise OpenAIError(413, f"request body of {int(declared)} bytes is over this proxy's limit of {limit} "
+                               f"(the context budget: agent.max_prompt_tokens + agent.max_response_tokens)",
+                          param="body", code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise OpenAIError(413, f"request body over this proxy's limit of {limit} bytes (the context budget: "
+                                   f"agent.max_prompt_tokens + agent.max_response_tokens)",
+                              param="body", code="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class ProxyServer:
     def __init__(self, engine: Generator, tokenizer: Any, cfg: AgentConfig, *, model_name: str = "asyncrl-policy",
                  host: str = "127.0.0.1"):
@@ -77,6 +110,7 @@ class ProxyServer:
         self.parser = resolve_parser(cfg.tool_parser, tokenizer)
         self.stop_ids = ChatFormat(tokenizer).stop_token_ids()
         self.vocab_size = len(tokenizer)
+        self.max_body_bytes = max_body_bytes(cfg, tokenizer)
         self.sessions: dict[str, Session] = {}
         self._formats: OrderedDict[str, ChatFormat] = OrderedDict()
         self._server: Optional[_InLoopServer] = None
@@ -257,12 +291,12 @@ class ProxyServer:
         @app.post("/v1/chat/completions")
         async def chat_completions(request: Request):
             s = self.session_of(request)
-            return await self.chat(s, parse_body(await request.body()))
+            return await self.chat(s, parse_body(await read_body(request, self.max_body_bytes)))
 
         @app.post("/v1/completions")
         async def completions(request: Request):
             s = self.session_of(request)
-            return await self.completion(s, parse_body(await request.body()))
+            return await self.completion(s, parse_body(await read_body(request, self.max_body_bytes)))
 
         @app.get("/v1/models")
         async def models(request: Request):
@@ -272,6 +306,6 @@ class ProxyServer:
         @app.post("/rl/set_reward")
         async def set_reward(request: Request):
             s = self.session_of(request)
-            return self.set_reward(s, parse_body(await request.body()))
+            return self.set_reward(s, parse_body(await read_body(request, self.max_body_bytes)))
 
         return app

@@ -211,3 +211,33 @@ async def test_tool_calls_are_parsed_and_map_back_to_the_generated_ids(proxy_tok
     assert chain.records == [0, 1]
     assert traj.response_ids.numpy().tolist() == ids1 + delta + engine.script[1]
     assert traj.loss_mask.numpy().tolist() == [1] * len(ids1) + [0] * len(delta) + [1] * len(engine.script[1])
+
+
+async def test_a_body_over_the_context_budget_is_413_before_it_is_parsed(proxy, oai, monkeypatch):
+    """A body that cannot fit the context is refused by its size, by Content-Length or as it streams in
+    (chunked, no length), before a byte of it is parsed or tokenized; the episode goes on."""
+    from asyncrl.proxy import server as server_mod
+
+    s = proxy.open_session("g9-0")
+    limit = proxy.max_body_bytes
+    assert limit == server_mod.max_body_bytes(proxy.cfg, proxy.tok) and limit < 64 << 20
+    parsed: list[bytes] = []
+    real_parse = server_mod.parse_body
+    monkeypatch.setattr(server_mod, "parse_body", lambda raw: parsed.append(raw) or real_parse(raw))
+    filler = "x" * (limit + 1 - len(json.dumps({"model": "m", "messages": [{"role": "user", "content": ""}]})))
+    big = json.dumps({"model": "m", "messages": [{"role": "user", "content": filler}]})
+    assert len(big) == limit + 1
+    r = await raw(proxy, s.key, "/v1/chat/completions", big)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text
+
+    async def chunks():
+        for _ in range(limit // (1 << 16) + 2):
+            yield b"x" * (1 << 16)
+
+    headers = {"Authorization": f"Bearer {s.key}"}
+    async with httpx.AsyncClient(base_url=proxy.base_url.removesuffix("/v1"), headers=headers, timeout=60) as h:
+        r = await h.post("/v1/completions", content=chunks())
+    assert r.status_code == 413 and "content-length" not in r.request.headers, r.text
+    assert parsed == []  # neither body reached the parser
+    reply = await oai(s).chat.completions.create(model="m", messages=USER, max_tokens=2)
+    assert reply.choices[0].message is not None  # the episode goes on
