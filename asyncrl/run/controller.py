@@ -133,6 +133,7 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
              cfg.trainer.mode, cfg.algorithm.max_staleness, budget)
     ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, include_dashboard=False,
              ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING, runtime_env=runtime_env)
+    stop_on_signals(stop_signal)  # ray.init made SIGTERM call sys.exit: a scheduler's stop would be a crash
     deadline = started + 60 * cfg.trainer.max_minutes if cfg.trainer.max_minutes else None
     metrics = MetricsLogger(out, wandb_mode=cfg.trainer.wandb, project=cfg.trainer.wandb_project,
                             config=shown_config(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps,

@@ -24,10 +24,13 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _pending: list[int] = []  # signals received while a handler is installed (see the module docstring)
 
 
-def stop_on_signals() -> dict:
+def stop_on_signals(got: dict | None = None) -> dict:
     """Install the handler for the rest of the process; returns a dict that records which signal arrived
-    (`signum`) and the handlers it replaced (`previous`)."""
-    got: dict = {"previous": {sig: signal.getsignal(sig) for sig in SIGNALS}}
+    (`signum`) and the handlers it replaced (`previous`). Given the dict of an earlier call, installs the
+    handler again into it: for after a library replaced it (`ray.init` sets SIGTERM to `sys.exit`, which
+    would end the run as a crash, with no checkpoint and no summary)."""
+    if got is None:
+        got = {"previous": {sig: signal.getsignal(sig) for sig in SIGNALS}}
 
     def handler(signum: int, frame: object) -> None:
         got["signum"] = signum

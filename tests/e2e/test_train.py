@@ -251,8 +251,8 @@ def test_resume_after_a_crash_loses_nothing_and_ctrl_c_checkpoints_then_stops_ev
     """A crash (SIGKILL of the run's whole tree) once step 3 is trained, after checkpoint 2: the run resumed
     with trainer.resume=auto trains only the batches checkpoint 2 did not commit, and loses none. That
     resumed run, started with SIGINT ignored (as a background job of a script inherits it), is then
-    stopped with Ctrl-C (SIGINT): it checkpoints, stops every child and exits 128 + SIGINT. SIGTERM goes
-    through the same handler, whose install for both signals tests/core/test_stop_signals.py proves."""
+    stopped with Ctrl-C (SIGINT): it checkpoints, stops every child and exits 128 + SIGINT. SIGTERM, which
+    Ray's own handler would take over, has its own run below."""
     out = tmp_path / "resume"
     args = _overrides(tiny_model_dir, out, **{"trainer.total_steps": 8, "trainer.checkpoint_every": 2,
                                                "trainer.keep_checkpoints": 5})
@@ -297,6 +297,30 @@ def test_resume_after_a_crash_loses_nothing_and_ctrl_c_checkpoints_then_stops_ev
     assert steps[-1] >= 5, steps  # checkpoint_every=100 was never reached: the signal wrote it
     _, left = psutil.wait_procs(ours, timeout=30)  # by pid and start time: a reused pid is not ours
     assert not left, f"processes of the run still alive after Ctrl-C: {[(p.pid, _cmdline(p)) for p in left]}"
+
+
+def test_sigterm_to_the_train_process_alone_ends_the_run_as_an_interrupt(tiny_model_dir, tmp_path):
+    """What slurm, k8s and systemd send: SIGTERM to the `asyncrl train` process only. ray.init replaces
+    SIGTERM's handler with sys.exit (the run then died as a crash: no checkpoint, no summary, Ray's agents
+    orphaned); the controller installs its own again, so the run checkpoints, writes its summary, stops
+    every child and exits 128 + SIGTERM."""
+    out = tmp_path / "sigterm"
+    proc = _train(_overrides(tiny_model_dir, out, **{"trainer.total_steps": 50, "trainer.checkpoint_every": 100}),
+                  wait=False)
+    try:
+        _wait_until(proc, lambda: _uids_recorded(out) >= 1, "step 1 was trained")
+        ours = _tree(proc)
+        os.kill(proc.pid, signal.SIGTERM)
+        log, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            _kill_tree(proc)
+    assert proc.returncode == 128 + signal.SIGTERM, log[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["exit_code"] == 128 + signal.SIGTERM and summary["exit_reason"] == "interrupted (SIGTERM)", summary
+    assert sorted((out / "checkpoints").glob("step_*")), "no checkpoint: checkpoint_every=100 was never reached"
+    _, left = psutil.wait_procs(ours, timeout=30)
+    assert not left, f"processes of the run still alive after SIGTERM: {[(p.pid, _cmdline(p)) for p in left]}"
 
 
 def test_a_spent_time_budget_starts_no_step_and_ends_the_run_as_completed_with_its_final_model(tiny_model_dir,
