@@ -591,7 +591,9 @@ class TrainerConfig:
         64, "... the last episodes each rollout worker keeps; judged once this many exist")
     learner_timeout_s: float = setting(
         900.0,
-        "a learner rank blocked this long in a collective (a peer died or hangs) fails, and the run stops",
+        "a learner or critic rank blocked this long in a collective (a peer died or hangs) fails, and the "
+        "driver waits at most this long past a call's own time for every rank's answer: a stopped or "
+        "wedged rank stops the run, named",
     )
 
     def __post_init__(self) -> None:

@@ -247,6 +247,30 @@ def test_a_killed_learner_rank_stops_the_run_with_a_resume_hint(tiny_model_dir, 
                      r"checkpoint with trainer.resume=auto", log), log[-4000:]
 
 
+def test_a_stopped_learner_stops_the_run_naming_it_within_the_learner_timeout(tiny_model_dir, tmp_path):
+    """A learner whose process is alive but never answers (SIGSTOP, as an operator or a debugger does): the
+    driver's wait is bounded by trainer.learner_timeout_s, the run stops naming the rank, the call and the
+    setting, and no process of it is left (the stopped one included)."""
+    out = tmp_path / "stopped_learner"
+    proc = _train(_overrides(tiny_model_dir, out, **{"trainer.total_steps": 50, "trainer.learner_timeout_s": 15}),
+                  wait=False)
+    try:
+        _wait_steps(out, 1, proc)
+        ours = _tree(proc)
+        _find(proc, "ray::LearnerActor", n=1)[0].suspend()  # SIGSTOP
+        log = _finish(proc, 240, "stop after the learner was stopped")
+    finally:
+        if proc.poll() is None:
+            _kill_tree(proc)
+    assert proc.returncode == 1, log[-4000:]
+    assert re.search(r"learner rank 0 did not answer \w+ within [\d.]+ s \(trainer.learner_timeout_s=15\): its "
+                     r"process is stopped or wedged", log), log[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert "LearnerRankStalled" in summary["exit_reason"], summary
+    _, left = psutil.wait_procs(ours, timeout=30)
+    assert not left, f"processes of the run still alive: {[(p.pid, _cmdline(p)) for p in left]}"
+
+
 def test_resume_after_a_crash_loses_nothing_and_ctrl_c_checkpoints_then_stops_every_child(tiny_model_dir, tmp_path):
     """A crash (SIGKILL of the run's whole tree) once step 3 is trained, after checkpoint 2: the run resumed
     with trainer.resume=auto trains only the batches checkpoint 2 did not commit, and loses none. That
