@@ -85,18 +85,20 @@ def max_body_bytes(cfg: AgentConfig, tokenizer: Any) -> int:
 
 async def read_body(request: Any, limit: int) -> bytes:
     """The request's body, refused with 413 once it passes `limit` bytes (by Content-Length, or as it arrives)."""
+
+    def too_large(size: str) -> OpenAIError:
+        return OpenAIError(413, f"request body {size}over this proxy's limit of {limit} bytes (the context budget: "
+                                f"agent.max_prompt_tokens + agent.max_response_tokens)",
+                           param="body", code="request_too_large")
+
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise OpenAIError(413, f"request body of {int(declared)} bytes is over this proxy's limit of {limit} "
-                               f"(the context budget: agent.max_prompt_tokens + agent.max_response_tokens)",
-                          param="body", code="request_too_large")
+        raise too_large(f"of {int(declared)} bytes is ")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise OpenAIError(413, f"request body over this proxy's limit of {limit} bytes (the context budget: "
-                                   f"agent.max_prompt_tokens + agent.max_response_tokens)",
-                              param="body", code="request_too_large")
+            raise too_large("")
         chunks.append(chunk)
     return b"".join(chunks)
 
