@@ -193,11 +193,11 @@ def config_page() -> str:
     lines = [HEADER.format(source="asyncrl/config.py"), "# Configuration keys", "",
              "Every key of the config schema (asyncrl/config.py), by section. *default* is what a bare "
              "`asyncrl train` runs with: the schema's default merged with the default config groups "
-             "(configs/config.yaml: the `smollm2-135m` model preset, `env: arithmetic`, ...); where the schema's "
+             "(asyncrl/configs/config.yaml: the `smollm2-135m` model preset, `env: arithmetic`, ...); where the schema's "
              "own default differs, it is given too, and that is what other presets start from. Set any key "
              "with `asyncrl train KEY=VALUE`; `asyncrl train --cfg job [overrides]` prints the resolved "
              "config. How configuration works: [Configuration](../configuration.md).", "",
-             "## Config groups", "", "`asyncrl train GROUP=OPTION` picks a preset file of `configs/GROUP/`.", "",
+             "## Config groups", "", "`asyncrl train GROUP=OPTION` picks a preset file of `asyncrl/configs/GROUP/`.", "",
              "| group | options |", "| --- | --- |"]
     lines += [f"| `{g}` | {', '.join(f'`{o}`' for o in group_options(g) or [])} |" for g in groups]
     lines.append("")
