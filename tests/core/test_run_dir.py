@@ -55,6 +55,7 @@ def _hold(directory: Path) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.heavy(16)
 def test_a_second_train_on_a_live_runs_dir_exits_at_once_naming_the_holder(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     out.mkdir()

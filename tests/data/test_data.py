@@ -133,6 +133,7 @@ def test_write_rows_validates_and_explains_parquet_limits(tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.heavy(17)
 def test_data_check_cli_real_process(tmp_path):
     rows = [copy.deepcopy(GOOD) for _ in range(5)]
     rows[3]["extra_info"]["tools_kwargs"] = "calculator"

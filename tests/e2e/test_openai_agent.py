@@ -16,6 +16,7 @@ pytestmark = [pytest.mark.timeout(420)]
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "openai_agent" / "agent.py"
 
 
+@pytest.mark.heavy(35)
 def test_openai_client_agent_trains_end_to_end(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     res = _train(["agent=openai_agent", f"plugins=[{EXAMPLE}]", *_overrides(tiny_model_dir, out, **{

@@ -34,10 +34,14 @@ def _trained(out: Path) -> list[dict]:
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
 
 
+@pytest.mark.heavy(75)
 def test_a_live_run_keeps_its_dir_and_a_killed_one_is_set_aside_by_resume_auto(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen(_args(tiny_model_dir, out, **{"trainer.total_steps": 50}), stdout=log,
+        # checkpoint_every=1000: however long the refused second run takes to start (a loaded machine), the
+        # first has no checkpoint when it is killed
+        first = subprocess.Popen(_args(tiny_model_dir, out, **{"trainer.total_steps": 50,
+                                                               "trainer.checkpoint_every": 1000}), stdout=log,
                                  stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
     try:
         deadline = time.time() + 300

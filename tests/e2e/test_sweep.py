@@ -17,6 +17,7 @@ from tests.e2e.test_train import _overrides
 pytestmark = [pytest.mark.timeout(420)]
 
 
+@pytest.mark.heavy(85)
 def test_a_two_point_sweep_over_the_algorithm_group_runs_grpo_and_ppo_in_their_own_dirs_and_summarizes(
         tiny_model_dir, tmp_path):
     """A sweep over a config group: one GRPO run and one PPO run (adv_estimator=gae, its critic on a rank of

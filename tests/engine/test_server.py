@@ -289,6 +289,7 @@ async def test_one_token_probe_is_answered_while_the_batch_is_full(engine):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.heavy(21)
 def test_engine_watch_counts_probes_skips_paused_and_kills_a_stopped_engine(engine_model_dir):
     """The supervisor's liveness check on a real engine process: a probe that a paused engine cannot
     answer is not counted; a SIGSTOPped engine (alive to `poll`, answering nothing) fails its probes,

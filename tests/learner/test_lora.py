@@ -81,6 +81,7 @@ def test_only_the_adapters_train_and_what_leaves_is_merged(lora_worker):
     assert all(torch.allclose(synced[k], full[k]) for k in synced)
 
 
+@pytest.mark.heavy(15)
 async def test_engine_after_a_sync_samples_the_adapted_policy_as_the_merged_export(lora_worker, tiny_model_dir,
                                                                                      tmp_path):
     """The silent failure users report elsewhere: engines that keep sampling the initial policy."""
@@ -113,6 +114,7 @@ def test_checkpoint_export_merges_the_adapters(lora_worker, tmp_path):
     assert all(torch.allclose(got[k], full[k]) for k in full)
 
 
+@pytest.mark.heavy(14)
 def test_fsdp2_two_ranks_train_the_same_adapters_as_one(tiny_model_dir, tmp_path):
     from asyncrl.learner.distributed import spawn
     from tests.learner.rank_fns import lora_train_and_dump

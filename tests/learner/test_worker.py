@@ -186,6 +186,7 @@ def test_fsdp2_two_ranks_match_one_rank(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.heavy(15)
 def test_killed_run_resumes_bit_identical(tiny_model_dir, tmp_path):
     """A subprocess SIGKILLed after a checkpoint (mid-way through the next step), resumed in another
     subprocess, ends with weights bit-identical to an uninterrupted run (run here, same thread count)."""

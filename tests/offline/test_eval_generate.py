@@ -46,6 +46,7 @@ def _episodes(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.heavy(12)
 def test_eval_counts_pass_at_k_as_the_episodes_say(tiny_model_dir, tmp_path):
     out = tmp_path / "ev"
     r = _cli("eval", *_args(tiny_model_dir, tmp_path), "-k", "4", "--out", str(out))
@@ -68,6 +69,7 @@ def test_eval_counts_pass_at_k_as_the_episodes_say(tiny_model_dir, tmp_path):
     assert len({e["seed"] for e in eps}) == 24
 
 
+@pytest.mark.heavy(12)
 def test_eval_draws_are_fixed_by_the_seed(tiny_model_dir, tmp_path):
     """One episode at a time (batches of one: the same arithmetic) on a fresh engine, the same seed gives the same
     samples (in process: the session eval runs on, without the CLI around it)."""
@@ -96,6 +98,7 @@ def test_eval_refuses_a_used_output_dir(tiny_model_dir, tmp_path, capsys):
     assert "not an empty directory" in capsys.readouterr().err
 
 
+@pytest.mark.heavy(25)
 def test_generate_resumes_after_a_kill_without_duplicating_rows(tiny_model_dir, tmp_path):
     out = tmp_path / "gen.parquet"
     parts = tmp_path / "gen.parquet.parts"
@@ -141,6 +144,7 @@ def test_generate_refuses_another_job_in_the_same_parts_dir(tiny_model_dir, tmp_
 
 
 @pytest.mark.parametrize("command, sig", [("eval", signal.SIGINT), ("generate", signal.SIGTERM)])
+@pytest.mark.heavy(15)
 def test_a_signal_stops_eval_and_generate_with_their_engine_even_when_started_with_sigint_ignored(
         tiny_model_dir, tmp_path, command, sig):
     """A command started in the background of a script inherits SIGINT as ignored; both signals must still

@@ -44,6 +44,7 @@ def _cfg(model_dir: Path, out: Path, **extra: object):
     return load_config(_overrides(model_dir, out, **extra))
 
 
+@pytest.mark.heavy(55)
 def test_a_run_fine_tunes_on_demonstrations_then_its_engines_sample_the_fine_tuned_policy(tiny_model_dir, tmp_path):
     """The silent failure to rule out: RL that keeps sampling the base model. The random tiny model never
     writes a tool call; after the warm start (40 epochs on the 4 training rows' demonstrations) the engines'

@@ -299,6 +299,7 @@ async def test_a_session_left_open_by_a_dead_sender_is_closed_and_reopened(share
     assert not info(eng.url)["session_open"]
 
 
+@pytest.mark.heavy(24)
 async def test_engine_restarted_on_its_address_rejoins_the_next_sync(fresh, learner, tiny_model_dir, outputs):
     a, b = fresh(2)
     port = int(b.url.rsplit(":", 1)[1])
