@@ -23,7 +23,6 @@ import dataclasses
 import json
 import logging
 import os
-import socket
 import sys
 import threading
 import time
@@ -47,7 +46,7 @@ from asyncrl.util.auth import (
     check_bind,
     token_from_env,
 )
-from asyncrl.util.net import is_loopback
+from asyncrl.util.net import bind_socket, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -154,17 +153,6 @@ def create_app(core: EngineCore, model_path: str = "", on_ready: Any | None = No
         roots = [model_path] if model_path else []
         app.include_router(make_router(core, [*roots, *(weights_dirs or [])]))
     return app
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket; port 0 picks a free one (read it back with getsockname)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 def watch_parent(parent_pid: int, period_s: float = 1.0) -> threading.Thread:

@@ -37,8 +37,7 @@ from asyncrl.agents.chat import ChatFormat
 from asyncrl.agents.tool_calls import resolve_parser
 from asyncrl.config import AgentConfig
 from asyncrl.engine.base import Generator, SamplingParams
-from asyncrl.engine.server import bind_socket
-from asyncrl.util.net import is_loopback
+from asyncrl.util.net import bind_socket, is_loopback
 
 from . import replies
 from .errors import OpenAIError, bad
