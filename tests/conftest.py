@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+TIMELINE = os.environ.get("ASYNCRL_TEST_TIMELINE")  # a file: one JSON line per test, to see the schedule
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ASYNCRL_TEST_TIMELINE=FILE, each worker appends {worker, test, start, end} per test to FILE (the
+    suite's schedule: which worker ran what when, where the cores idled)."""
+    start = time.time()
+    yield
+    if TIMELINE:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(TIMELINE, "a") as f:
+            f.write(json.dumps({"worker": worker, "test": item.nodeid, "start": start, "end": time.time()}) + "\n")
 
 
 def heavy_seconds(item) -> float:
