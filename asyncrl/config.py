@@ -305,6 +305,16 @@ class InteractionSpec:
 class RewardConfig:
     path: Optional[str] = setting(None, "file.py holding a custom reward function")
     name: Optional[str] = setting(None, "function name in `path`, or a registered reward name")
+    max_abs: float = setting(
+        1e6,
+        "largest |reward| an episode may have: a reward beyond it (from the function, or returned or set by "
+        "an OpenAI-client agent) fails its episode, reported with its source, so no runaway value swamps a "
+        "batch's advantages",
+    )
+
+    def __post_init__(self) -> None:
+        _check(math.isfinite(self.max_abs) and self.max_abs > 0, "env.reward.max_abs",
+               f"must be a finite number > 0, got {self.max_abs}")
 
 
 @dataclass

@@ -21,17 +21,16 @@ generated_tokens, plus the reward function's extra numeric outputs under "reward
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from asyncrl import registry
-from asyncrl.config import AgentConfig, ToolSpec
-from asyncrl.data.schema import NonFiniteRewardError, Trajectory
+from asyncrl.config import AgentConfig, RewardConfig, ToolSpec
+from asyncrl.data.schema import Trajectory
 from asyncrl.engine.base import GenerateResult, Generator, SamplingParams
-from asyncrl.envs.base import Sample, resolve_reward_fn, score
+from asyncrl.envs.base import Sample, checked_reward, resolve_reward_fn, score
 from asyncrl.tools.loader import load_tool_specs, make_tools
 
 from .chat import ChatFormat
@@ -52,6 +51,7 @@ class AgentContext:
     env_name: str = ""
     tool_overrides: dict = field(default_factory=dict)  # {tool_name: {config_key: value}}
     interactions: list = field(default_factory=list)  # InteractionSpec (or dicts) configuring interactions by name
+    reward_max_abs: float = RewardConfig().max_abs  # env.reward.max_abs: the bound an episode's reward must keep
     _tools: Optional[dict[str, Any]] = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -62,7 +62,8 @@ class AgentContext:
         return cls(engine=engine, tokenizer=tokenizer, cfg=cfg.agent,
                    tool_specs=load_tool_specs(cfg.env.tools, cfg.env.tools_config),
                    reward_fn=resolve_reward_fn(cfg.env), env_name=cfg.env.name,
-                   tool_overrides=dict(tool_overrides or {}), interactions=list(cfg.env.interactions))
+                   tool_overrides=dict(tool_overrides or {}), interactions=list(cfg.env.interactions),
+                   reward_max_abs=cfg.env.reward.max_abs)
 
     def tools(self) -> dict[str, Any]:
         """The tool objects (built once per context, shared by its episodes; state is per instance_id)."""
@@ -187,9 +188,8 @@ class Episode:
         reward, extra = await score(ctx.reward_fn, final_text=final_text, ground_truth=s.ground_truth,
                                     extra_info=s.extra_info, tool_rewards=list(self.tool_rewards),
                                     turn_rewards=list(self.turn_rewards))
-        if not math.isfinite(reward):
-            name = getattr(ctx.reward_fn, "__qualname__", None) or type(ctx.reward_fn).__qualname__
-            raise NonFiniteRewardError(f"reward function {name} returned {reward} for {s.uid}")
+        name = getattr(ctx.reward_fn, "__qualname__", None) or type(ctx.reward_fn).__qualname__
+        reward = checked_reward(reward, ctx.reward_max_abs, f"reward function {name} (for {s.uid})")
         metrics = {k: float(v) for k, v in self.metrics.items()}
         metrics.update({f"reward/{k}": v for k, v in extra.items()})
         metrics.update(assistant_turns=float(self.assistant_turns), user_turns=float(self.user_turns),

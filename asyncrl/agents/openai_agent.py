@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import math
 import os
 import signal
 import weakref
@@ -36,8 +35,8 @@ from asyncrl import registry
 from asyncrl.agents.base import AgentContext, AgentLoop
 from asyncrl.agents.chat import ChatFormat
 from asyncrl.config import AgentConfig, OpenAIAgentConfig
-from asyncrl.data.schema import NonFiniteRewardError, Trajectory
-from asyncrl.envs.base import Sample, score
+from asyncrl.data.schema import Trajectory
+from asyncrl.envs.base import Sample, checked_reward, score
 from asyncrl.proxy.server import ProxyServer
 from asyncrl.proxy.session import Session
 from asyncrl.registry import register
@@ -63,7 +62,8 @@ async def proxy_for(ctx: AgentContext) -> ProxyServer:
         hit = _proxies.get(id(ctx))
         if hit is not None and hit[0]() is ctx and hit[1] is loop:
             return hit[2]
-        p = await ProxyServer(ctx.engine, ctx.tokenizer, ctx.cfg, model_name=ctx.cfg.openai.model_name).start()
+        p = await ProxyServer(ctx.engine, ctx.tokenizer, ctx.cfg, model_name=ctx.cfg.openai.model_name,
+                                reward_max_abs=ctx.reward_max_abs).start()
         _proxies[id(ctx)] = (weakref.ref(ctx), loop, p)
         return p
 
@@ -196,8 +196,7 @@ class OpenAIAgent(AgentLoop):
             reward, extra = await score(ctx.reward_fn, final_text=last.text, ground_truth=sample.ground_truth,
                                         extra_info=sample.extra_info, tool_rewards=[], turn_rewards=[])
             source = "env"
-        if not math.isfinite(reward):
-            raise NonFiniteRewardError(f"openai_agent: reward ({source}) is {reward} for {sample.uid}")
+        reward = checked_reward(reward, ctx.reward_max_abs, f"openai_agent: the reward ({source}, for {sample.uid})")
         built = s.trajectories(uid=sample.uid, episode_reward=reward, discount=ctx.cfg.openai.turn_discount,
                                group_id=sample.group_id, group_size=sample.group_size, env=ctx.env_name,
                                agent=self.name, data_index=sample.data_index, sample_index=sample.sample_index)

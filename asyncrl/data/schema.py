@@ -22,7 +22,8 @@ class SchemaError(ValueError):
 
 
 class NonFiniteRewardError(SchemaError):
-    """A reward (the episode's or a turn's) is NaN or infinite: the episode cannot be trained on."""
+    """A reward the episode cannot be trained on: NaN or infinite (the episode's or a turn's), or beyond
+    env.reward.max_abs (asyncrl.envs.base.checked_reward)."""
 
 
 class Array(msgspec.Struct, frozen=True):

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from asyncrl import registry
 from asyncrl.data.dataset import Dataset, open_dataset
+from asyncrl.data.schema import NonFiniteRewardError
 
 
 @dataclass
@@ -131,6 +133,17 @@ async def score(reward_fn: Any, **kwargs: Any) -> tuple[float, dict[str, float]]
     if isinstance(result, bool) or not isinstance(result, (int, float)):
         raise TypeError(f"reward function {getattr(reward_fn, '__name__', reward_fn)} returned {result!r}; expected a float or a dict with 'score'")
     return float(result), {}
+
+
+def checked_reward(reward: float, max_abs: float, source: str) -> float:
+    """The episode's reward, or NonFiniteRewardError naming `source` (the reward function, or how an agent
+    gave it) and the sample when it is not finite or beyond env.reward.max_abs."""
+    if not math.isfinite(reward):
+        raise NonFiniteRewardError(f"{source} returned {reward}: a reward must be a finite number")
+    if abs(reward) > max_abs:
+        raise NonFiniteRewardError(f"{source} returned {reward!r}, beyond env.reward.max_abs={max_abs:g}: "
+                                   f"scale the reward down or raise the bound")
+    return reward
 
 
 def can_demonstrate(env: Any) -> bool:

@@ -62,6 +62,26 @@ def group_index(group_ids: Sequence) -> torch.Tensor:
     return torch.tensor([seen.setdefault(x, len(seen)) for x in group_ids], dtype=torch.long)
 
 
+# Beyond this |reward| the squares behind a std overflow float64: the estimators then work on r / max|r|
+# (exactly the same math: a std-normalized advantage does not depend on the scale; the others are scaled
+# back). Below it the scale is 1.0 and every result is bit-identical to the plain formula.
+HUGE_REWARD = 1e150
+
+
+def _scale(r: torch.Tensor) -> float:
+    top = float(r.abs().max()) if r.numel() else 0.0
+    return top if top > HUGE_REWARD else 1.0
+
+
+def _checked(adv: torch.Tensor, r: torch.Tensor, estimator: str) -> torch.Tensor:
+    """float32 advantages, refused (never NaN or inf) when rewards are too large for float32 to hold them."""
+    out = adv.float()
+    if not torch.isfinite(out).all():
+        raise ValueError(f"{estimator} advantages of rewards up to {float(r.abs().max()):.3g} do not fit float32; "
+                         f"bound the rewards at their source (env.reward.max_abs)")
+    return out
+
+
 def _group_stats(r: torch.Tensor, g: torch.Tensor):
     """Per-trajectory (group size n, group mean, unbiased group std, group all-equal flag)."""
     _, inv = torch.unique(g, return_inverse=True)
@@ -82,11 +102,11 @@ def grpo_advantages(rewards, group_ids, norm_by_std: bool = True, eps: float = E
     r, g = _as_inputs(rewards, group_ids)
     if r.numel() == 0:
         return torch.zeros(0)
-    n, mean, std, flat = _group_stats(r, g)
-    adv = r - mean
-    if norm_by_std:
-        adv = adv / (std + eps)
-    return torch.where(flat | (n < 2), torch.zeros_like(adv), adv).float()
+    s = _scale(r)
+    n, mean, std, flat = _group_stats(r / s, g)
+    adv = r / s - mean
+    adv = adv / (std + eps / s) if norm_by_std else adv * s
+    return _checked(torch.where(flat | (n < 2), torch.zeros_like(adv), adv), r, "grpo" if norm_by_std else "drgrpo")
 
 
 def rloo_advantages(rewards, group_ids) -> torch.Tensor:
@@ -94,9 +114,10 @@ def rloo_advantages(rewards, group_ids) -> torch.Tensor:
     r, g = _as_inputs(rewards, group_ids)
     if r.numel() == 0:
         return torch.zeros(0)
-    n, mean, _, flat = _group_stats(r, g)
-    adv = n / (n - 1).clamp(min=1) * (r - mean)
-    return torch.where(flat | (n < 2), torch.zeros_like(adv), adv).float()
+    s = _scale(r)
+    n, mean, _, flat = _group_stats(r / s, g)
+    adv = n / (n - 1).clamp(min=1) * (r / s - mean) * s
+    return _checked(torch.where(flat | (n < 2), torch.zeros_like(adv), adv), r, "rloo")
 
 
 def reinforce_pp_advantages(rewards, group_ids=None, group_baseline: bool = False, eps: float = EPS) -> torch.Tensor:
@@ -107,13 +128,14 @@ def reinforce_pp_advantages(rewards, group_ids=None, group_baseline: bool = Fals
     r, g = _as_inputs(rewards, group_ids)
     if r.numel() == 0:
         return torch.zeros(0)
-    x = r
+    s = _scale(r)
+    x = r / s
     if group_baseline:
-        n, mean, _, flat = _group_stats(r, g)
-        x = torch.where(flat | (n < 2), torch.zeros_like(r), r - mean)
+        n, mean, _, flat = _group_stats(x, g)
+        x = torch.where(flat | (n < 2), torch.zeros_like(r), x - mean)
     if r.numel() < 2 or bool((x == x[0]).all()):
         return torch.zeros_like(r).float()
-    return ((x - x.mean()) / (x.std() + eps)).float()
+    return _checked((x - x.mean()) / (x.std() + eps / s), r, "reinforce_pp")
 
 
 TURN_CREDIT_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp")

@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from asyncrl.agents.chat import ChatFormat
 from asyncrl.agents.tool_calls import resolve_parser
-from asyncrl.config import AgentConfig
+from asyncrl.config import AgentConfig, RewardConfig
 from asyncrl.engine.base import Generator, SamplingParams
 from asyncrl.util.net import bind_socket, is_loopback
 
@@ -104,7 +104,7 @@ async def read_body(request: Any, limit: int) -> bytes:
 
 class ProxyServer:
     def __init__(self, engine: Generator, tokenizer: Any, cfg: AgentConfig, *, model_name: str = "asyncrl-policy",
-                 host: str = "127.0.0.1"):
+                 host: str = "127.0.0.1", reward_max_abs: float = RewardConfig().max_abs):
         if not is_loopback(host):
             raise ValueError(f"the OpenAI proxy serves loopback only, got host {host!r}")
         self.engine, self.tok, self.cfg, self.model_name, self.host = engine, tokenizer, cfg, model_name, host
@@ -112,6 +112,7 @@ class ProxyServer:
         self.stop_ids = ChatFormat(tokenizer).stop_token_ids()
         self.vocab_size = len(tokenizer)
         self.max_body_bytes = max_body_bytes(cfg, tokenizer)
+        self.reward_max_abs = reward_max_abs  # env.reward.max_abs: /rl/set_reward refuses a reward beyond it
         self.sessions: dict[str, Session] = {}
         self._formats: OrderedDict[str, ChatFormat] = OrderedDict()
         self._server: Optional[_InLoopServer] = None
@@ -269,7 +270,7 @@ class ProxyServer:
             raise bad(unknown[0], f"Unrecognized request argument supplied: {unknown[0]}", "unknown_parameter")
         if body.get("reward") is None:
             raise bad("reward", "a finite number is required", "invalid_type")
-        reward = _number(body, "reward", float("-inf"), float("inf"))
+        reward = _number(body, "reward", -self.reward_max_abs, self.reward_max_abs)
         cid = body.get("completion_id")
         if cid is None:
             s.reward = reward

@@ -5,6 +5,7 @@ The buffer itself refuses a trajectory with a non-finite reward or logprob at PU
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import msgspec
@@ -42,8 +43,40 @@ async def test_non_finite_reward_fails_the_episode_naming_function_and_uid(token
     engine = ScriptedEngine(tokenizer, ["Answer: 17"])
     ctx, _ = make_ctx(tokenizer, engine, tools=[])
     ctx.reward_fn = fn
-    with pytest.raises(NonFiniteRewardError, match=f"reward function {fn.__name__} returned {shown} for g0-0"):
+    with pytest.raises(NonFiniteRewardError, match=rf"reward function {fn.__name__} \(for g0-0\) returned {shown}: a "
+                                                   r"reward must be a finite number"):
         await run_episode(make_sample(), ctx, "single_turn")
+
+
+def huge_reward(*, final_text, ground_truth, extra_info, tool_rewards, turn_rewards):
+    return 1.7e308  # finite: its square is not, nor a group's std
+
+
+@pytest.mark.parametrize("bound,value,ok", [(1e6, 1.7e308, False), (1e6, -1e6, True), (1e6, -1.000001e6, False),
+                                            (10.0, 10.5, False), (10.0, 10.0, True)])
+async def test_a_reward_beyond_env_reward_max_abs_fails_its_episode_naming_function_uid_and_bound(
+        tokenizer, bound, value, ok):
+    engine = ScriptedEngine(tokenizer, ["Answer: 17"])
+    ctx, _ = make_ctx(tokenizer, engine, tools=[])
+    ctx.reward_fn = huge_reward if value == 1.7e308 else (lambda **kw: value)
+    ctx.reward_max_abs = bound
+    if ok:
+        assert (await run_episode(make_sample(), ctx, "single_turn")).reward == value
+        return
+    with pytest.raises(NonFiniteRewardError, match=re.escape(f"(for g0-0) returned {value!r}, beyond "
+                                                             f"env.reward.max_abs={bound:g}: ")):
+        await run_episode(make_sample(), ctx, "single_turn")
+
+
+def test_the_bound_is_the_configs_and_a_bad_one_is_refused_at_load():
+    from asyncrl.agents.base import AgentContext
+    from asyncrl.config import ConfigError, load_config
+
+    cfg = load_config(["env.reward.max_abs=50"])
+    assert AgentContext.for_config(cfg, engine=None, tokenizer=None).reward_max_abs == 50.0
+    for bad in ("0", "-1", "nan", "inf"):
+        with pytest.raises(ConfigError, match=f"env.reward.max_abs: must be a finite number > 0, got {bad}"):
+            load_config([f"env.reward.max_abs={bad}"])
 
 
 def _sample(uid: str, ground_truth: str) -> Sample:

@@ -77,6 +77,38 @@ def test_advantage_input_errors_name_the_problem():
         compute_advantages("ppo", [1], [0])
 
 
+def test_any_finite_rewards_give_finite_advantages_or_a_refusal_naming_the_bound():
+    """Rewards of 1.7e308 are finite, but their squares (a group's std) are not: GRPO gave NaN. The
+    std-normalized estimators are scale-free, so they now equal the same rewards scaled down; the others
+    (whose advantages are rewards' differences) refuse rewards float32 cannot hold, naming the bound."""
+    huge = [1.7e308, 1.7e308, 0.0, -1.7e308, 1.0]
+    g = [0, 0, 0, 1, 1]
+    small = [x / 1.7e308 for x in huge]
+    close(grpo_advantages(huge, g), grpo_advantages(small, g).tolist())  # up to eps's share of the std
+    close(grpo_advantages(huge, g), [0.57735, 0.57735, -1.1547, -0.70711, 0.70711])
+    close(reinforce_pp_advantages(huge, g), reinforce_pp_advantages(small, g).tolist())
+    close(reinforce_pp_advantages(huge, g, group_baseline=True),
+          reinforce_pp_advantages(small, g, group_baseline=True).tolist())
+    for estimator in ("drgrpo", "rloo"):
+        with pytest.raises(ValueError, match=rf"{estimator} advantages of rewards up to 1.7e\+308 do not fit "
+                                             r"float32; bound the rewards at their source \(env.reward.max_abs\)"):
+            compute_advantages(estimator, huge, g)
+    # at the default bound (1e6) every estimator's advantages are finite
+    for estimator in ("grpo", "drgrpo", "rloo", "reinforce_pp"):
+        assert torch.isfinite(compute_advantages(estimator, [1e6, -1e6, 0.0, 1e6], [0, 0, 0, 0])).all()
+
+
+def test_ordinary_rewards_give_exactly_the_plain_formula():
+    """Below 1e150 the estimators do not rescale: the results are bit for bit the textbook formulas."""
+    torch.manual_seed(0)
+    r = (torch.randn(12, dtype=torch.float64) * 1e3)
+    g = torch.arange(12) // 4
+    mean = torch.stack([r[g == k].mean() for k in range(3)])[g]
+    std = torch.stack([r[g == k].std() for k in range(3)])[g]
+    assert torch.equal(grpo_advantages(r, g), ((r - mean) / (std + 1e-6)).float())
+    assert torch.equal(rloo_advantages(r, g), (4 / 3 * (r - mean)).float())
+
+
 # ----------------------------------------------------------------------------- importance weights
 
 PROX = torch.tensor([[L(0.5), L(0.2), L(0.9)], [L(0.4), L(0.3), L(0.3)]])

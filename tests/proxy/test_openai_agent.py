@@ -15,6 +15,7 @@ import pytest
 from asyncrl.agents.base import AgentContext, run_episode, run_episode_chains
 from asyncrl.agents.openai_agent import OpenAIAgentError, stop_proxy
 from asyncrl.config import OpenAIAgentConfig
+from asyncrl.data.schema import NonFiniteRewardError
 from asyncrl.envs.base import Sample
 from tests.agents.helpers import RecordingReward
 
@@ -73,12 +74,27 @@ async def test_set_reward_per_episode_and_per_completion(plugin_registry, make_c
             assert other.status_code == 400 and other.json()["error"]["param"] == "completion_id"
             nan = await h.post(url, content=b'{"reward": NaN}')
             assert nan.status_code == 400 and "finite" in nan.json()["error"]["message"]
+            for huge in (1e308, -1000000.5):  # beyond env.reward.max_abs (1e6 by default): refused, not kept
+                far = await h.post(url, json={"reward": huge})
+                assert far.status_code == 400 and far.json()["error"]["param"] == "reward", far.text
+                assert "must be in [-1000000.0, 1000000.0]" in far.json()["error"]["message"], far.text
             anon = await h.post(url, json={"reward": 1.0}, headers={"Authorization": "Bearer sk-wrong"})
             assert anon.status_code == 401
 
     plugin_registry.add("openai_agent_fn", "setter", agent)
     traj = await run_episode(sample(), make_ctx(function="setter"), "openai_agent")
     assert traj.reward == -1.0 and traj.metrics["proxy/reward_set"] == 1  # the completion's reward wins for its chain
+
+
+async def test_a_returned_reward_beyond_the_bound_fails_the_episode_naming_how_it_came(plugin_registry, make_ctx):
+    async def runaway(client: openai.AsyncOpenAI, s: Sample) -> float:
+        await client.chat.completions.create(model="policy", messages=s.messages, max_tokens=4)
+        return 1.7e308
+
+    plugin_registry.add("openai_agent_fn", "runaway", runaway)
+    with pytest.raises(NonFiniteRewardError, match=r"openai_agent: the reward \(returned, for g0-0\) returned "
+                                                   r"1.7e\+308, beyond env.reward.max_abs=1e\+06"):
+        await run_episode(sample(), make_ctx(function="runaway"), "openai_agent")
 
 
 async def test_env_reward_scores_the_last_reply_when_the_agent_gives_none(plugin_registry, make_ctx):
