@@ -32,6 +32,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,19 @@ import msgspec
 from asyncrl.util.durable import fsync_dir
 
 log = logging.getLogger("asyncrl")
+
+# What a run's files deny everyone but their user: group and other, every permission.
+PRIVATE_BITS = 0o077
+
+
+def make_private(out: Path) -> None:
+    """A run's files are its user's alone (docs/design.md "Threat model"): this process's umask gains
+    PRIVATE_BITS (a stricter umask of the user's stays), so every file and directory the run and every
+    process it starts create (Ray's session files, the engines', the buffer's WAL, checkpoints) has no
+    group or other permission; the run dir itself is made 0700 whoever created it."""
+    os.umask(os.umask(0) | PRIVATE_BITS)
+    out.mkdir(parents=True, exist_ok=True)
+    out.chmod(stat.S_IMODE(out.stat().st_mode) & ~PRIVATE_BITS)
 
 _RUN_ID = re.compile(r"[0-9a-z]{1,16}")
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")

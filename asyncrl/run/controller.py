@@ -49,6 +49,7 @@ from asyncrl.run_dir import (
     VersionLog,
     checkpoint_step,
     describe_holder,
+    make_private,
     prepare_run,
     run_dir,
 )
@@ -77,7 +78,7 @@ def run(cfg: Config, rows: list[dict] | None = None, overrides: list[str] | None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     secret_env = withhold_env()  # before anything is started: no child inherits WANDB_API_KEY
     out = run_dir(cfg.trainer.output_dir, cfg.trainer.run_name)
-    out.mkdir(parents=True, exist_ok=True)
+    make_private(out)  # before ray.init: Ray's processes and files inherit the umask
     # the run owns its directory from here to its exit: a second run on it stops here, before anything
     # expensive; whatever the previous run left is settled by prepare_run (resumed, refused, or moved aside)
     lock = RunLock(out)

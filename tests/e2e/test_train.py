@@ -459,6 +459,12 @@ def test_sync_baseline_with_curve_on_trains_and_writes_no_secret_to_its_output_d
     assert len(sessions) == 1, sessions
     ray_logs = [p for p in (sessions.pop() / "logs").rglob("*") if p.is_file() and not p.is_symlink()]
     assert ray_logs
+    # the run's files are its user's alone (issue 36: they were world-readable): no group or other bit on
+    # the run dir, anything under it, or Ray's session files, which the run's processes wrote
+    for where, paths in (("the output dir", [out, *out.rglob("*")]), ("Ray's logs", ray_logs)):
+        loose = [(oct(p.lstat().st_mode & 0o777), str(p)) for p in paths if not p.is_symlink()
+                 and p.lstat().st_mode & 0o077]
+        assert not loose, f"files of the run in {where} readable by others: {loose[:5]}"
     for where, paths in (("the output dir", files), ("Ray's logs", ray_logs)):
         for p in paths:
             data = p.read_bytes()  # once: the checkpoint's files are the big ones
