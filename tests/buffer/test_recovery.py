@@ -42,8 +42,11 @@ async def test_kill9_mid_stream_then_restart_keeps_every_acked_trajectory_once(t
         acked.append(f"t{i}")
 
     sem = asyncio.Semaphore(8)
+    frozen = asyncio.Event()
 
     async def bounded(i):
+        if i >= 48:  # the rest wait for the freeze: however slow this loop is, they cannot all be acked first
+            await frozen.wait()
         async with sem:
             await send(i)
 
@@ -53,6 +56,7 @@ async def test_kill9_mid_stream_then_restart_keeps_every_acked_trajectory_once(t
     # Freeze it first so the puts now in flight are delivered but certainly unacked when it dies
     # (without the freeze a fast buffer may have acked all of them, and nothing would need resending).
     proc.freeze()
+    frozen.set()
     await asyncio.sleep(0.2)
     proc.kill9()
     acked_before_kill = set(acked)
