@@ -57,6 +57,7 @@ def make_private(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     out.chmod(stat.S_IMODE(out.stat().st_mode) & ~PRIVATE_BITS)
 
+
 _RUN_ID = re.compile(r"[0-9a-z]{1,16}")
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The test suite (CPU; tests marked gpu skip themselves without a GPU), in a random order
-# (pytest-randomly), on ASYNCRL_TEST_WORKERS pytest-xdist workers (default 3: the tests wait on their
-# subprocesses much of the time; on 2 cores 3 workers took 11 min 24 s where 2 and 4 took 12 min 15 s and
-# one took about 20 min; 0 runs it in this process). The seed is printed first; ASYNCRL_TEST_SEED=N replays that order. The heavy tests
-# start first, spread over the workers (tests/conftest.py spread_heavy_tests). The slowest 15 are listed.
+# (pytest-randomly), on ASYNCRL_TEST_WORKERS pytest-xdist workers (default 3, measured on 2 cores: 3
+# workers took 11 min 24 s, 2 and 4 took 12 min 15 s, one about 20 min; with 3, both cores stay 95-99%
+# busy, so more workers cannot help; 0 runs it in this process). The seed is printed first;
+# ASYNCRL_TEST_SEED=N replays that order. The heavy tests start first, spread over the workers
+# (tests/conftest.py spread_heavy_tests). The slowest 15 are listed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${VIRTUAL_ENV:-}" ] || . .venv/bin/activate

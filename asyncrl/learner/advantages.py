@@ -103,8 +103,9 @@ def grpo_advantages(rewards, group_ids, norm_by_std: bool = True, eps: float = E
     if r.numel() == 0:
         return torch.zeros(0)
     s = _scale(r)
-    n, mean, std, flat = _group_stats(r / s, g)
-    adv = r / s - mean
+    x = r / s
+    n, mean, std, flat = _group_stats(x, g)
+    adv = x - mean
     adv = adv / (std + eps / s) if norm_by_std else adv * s
     return _checked(torch.where(flat | (n < 2), torch.zeros_like(adv), adv), r, "grpo" if norm_by_std else "drgrpo")
 
@@ -115,8 +116,9 @@ def rloo_advantages(rewards, group_ids) -> torch.Tensor:
     if r.numel() == 0:
         return torch.zeros(0)
     s = _scale(r)
-    n, mean, _, flat = _group_stats(r / s, g)
-    adv = n / (n - 1).clamp(min=1) * (r / s - mean) * s
+    x = r / s
+    n, mean, _, flat = _group_stats(x, g)
+    adv = n / (n - 1).clamp(min=1) * (x - mean) * s
     return _checked(torch.where(flat | (n < 2), torch.zeros_like(adv), adv), r, "rloo")
 
 
