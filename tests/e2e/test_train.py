@@ -27,6 +27,8 @@ from asyncrl.view.records import RunReader
 
 pytestmark = [pytest.mark.timeout(420)]
 
+OPENAI_AGENT_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "openai_agent" / "agent.py"
+
 
 def _overrides(model_dir: Path, out: Path, **extra: object) -> list[str]:
     base = {
@@ -274,13 +276,15 @@ def test_a_stopped_learner_stops_the_run_naming_it_within_the_learner_timeout(ti
     assert not left, f"processes of the run still alive: {[(p.pid, _cmdline(p)) for p in left]}"
 
 
-@pytest.mark.heavy(55)
-def test_resume_after_a_crash_loses_nothing_and_ctrl_c_checkpoints_then_stops_every_child(tiny_model_dir, tmp_path):
+@pytest.mark.heavy(70)
+def test_resume_after_a_crash_loses_nothing_and_sigterm_checkpoints_then_stops_every_child(tiny_model_dir, tmp_path):
     """A crash (SIGKILL of the run's whole tree) once step 3 is trained, after checkpoint 2: the run resumed
     with trainer.resume=auto trains only the batches checkpoint 2 did not commit, and loses none. That
-    resumed run, started with SIGINT ignored (as a background job of a script inherits it), is then
-    stopped with Ctrl-C (SIGINT): it checkpoints, stops every child and exits 128 + SIGINT. SIGTERM, which
-    Ray's own handler would take over, has its own run below."""
+    resumed run is then sent what slurm, k8s and systemd send: SIGTERM to the `asyncrl train` process alone.
+    ray.init replaces SIGTERM's handler with sys.exit (the run then died as a crash: no checkpoint, no
+    summary, Ray's agents orphaned); the controller installs its own again, so the run checkpoints, writes
+    its summary, stops every child and exits 128 + SIGTERM. (SIGINT takes the same handler, also when the
+    run started with SIGINT ignored: tests/core/test_stop_signals.py.)"""
     out = tmp_path / "resume"
     args = _overrides(tiny_model_dir, out, **{"trainer.total_steps": 8, "trainer.checkpoint_every": 2,
                                                "trainer.keep_checkpoints": 5})
@@ -300,7 +304,7 @@ def test_resume_after_a_crash_loses_nothing_and_ctrl_c_checkpoints_then_stops_ev
 
     # resumed: checkpoint_every=100 is never reached, so a checkpoint past step 2 is the signal's
     resumed = [*args, "trainer.resume=auto", "trainer.total_steps=50", "trainer.checkpoint_every=100"]
-    proc = _train(resumed, wait=False, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    proc = _train(resumed, wait=False)
     try:
         # steps 3, 4 and 5 trained again (as many as a resume to total_steps=5 would train)
         _wait_until(proc, lambda: _uids_recorded(out) >= len(first) + 3, "the resumed run trained 3 steps")
@@ -309,12 +313,14 @@ def test_resume_after_a_crash_loses_nothing_and_ctrl_c_checkpoints_then_stops_ev
         for part in ("ray::LearnerActor", "ray::RolloutActor", "ray::EngineActor", "ray::BufferActor",
                      "asyncrl.engine.cli serve", "raylet"):
             assert part in names, f"{part!r} is not among the run's processes: {names[:2000]}"
-        os.kill(proc.pid, signal.SIGINT)
+        os.kill(proc.pid, signal.SIGTERM)
         log, _ = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             _kill_tree(proc)
-    assert proc.returncode == 128 + signal.SIGINT, log[-4000:]
+    assert proc.returncode == 128 + signal.SIGTERM, log[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["exit_code"] == 128 + signal.SIGTERM and summary["exit_reason"] == "interrupted (SIGTERM)", summary
     again = _trained(out)[len(first):]
     after = [u for rec in again for u in rec["uids"]]
     assert [rec["step"] for rec in again] == list(range(3, 3 + len(again))) and len(again) >= 3, again
@@ -324,31 +330,6 @@ def test_resume_after_a_crash_loses_nothing_and_ctrl_c_checkpoints_then_stops_ev
     steps = sorted(int(p.name.split("_")[1]) for p in (out / "checkpoints").glob("step_*"))
     assert steps[-1] >= 5, steps  # checkpoint_every=100 was never reached: the signal wrote it
     _, left = psutil.wait_procs(ours, timeout=30)  # by pid and start time: a reused pid is not ours
-    assert not left, f"processes of the run still alive after Ctrl-C: {[(p.pid, _cmdline(p)) for p in left]}"
-
-
-@pytest.mark.heavy(30)
-def test_sigterm_to_the_train_process_alone_ends_the_run_as_an_interrupt(tiny_model_dir, tmp_path):
-    """What slurm, k8s and systemd send: SIGTERM to the `asyncrl train` process only. ray.init replaces
-    SIGTERM's handler with sys.exit (the run then died as a crash: no checkpoint, no summary, Ray's agents
-    orphaned); the controller installs its own again, so the run checkpoints, writes its summary, stops
-    every child and exits 128 + SIGTERM."""
-    out = tmp_path / "sigterm"
-    proc = _train(_overrides(tiny_model_dir, out, **{"trainer.total_steps": 50, "trainer.checkpoint_every": 100}),
-                  wait=False)
-    try:
-        _wait_until(proc, lambda: _uids_recorded(out) >= 1, "step 1 was trained")
-        ours = _tree(proc)
-        os.kill(proc.pid, signal.SIGTERM)
-        log, _ = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            _kill_tree(proc)
-    assert proc.returncode == 128 + signal.SIGTERM, log[-4000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["exit_code"] == 128 + signal.SIGTERM and summary["exit_reason"] == "interrupted (SIGTERM)", summary
-    assert sorted((out / "checkpoints").glob("step_*")), "no checkpoint: checkpoint_every=100 was never reached"
-    _, left = psutil.wait_procs(ours, timeout=30)
     assert not left, f"processes of the run still alive after SIGTERM: {[(p.pid, _cmdline(p)) for p in left]}"
 
 
@@ -390,21 +371,24 @@ def test_every_episode_failing_stops_the_run_with_a_diagnosis(tiny_model_dir, tm
     _check_layout(out)
 
 
-@pytest.mark.heavy(30)
-def test_sync_baseline_with_curve_on_trains_and_writes_no_secret_to_its_output_dir_or_argv(
+@pytest.mark.heavy(40)
+def test_sync_baseline_of_an_openai_client_agent_with_curve_on_trains_and_writes_no_secret(
         tiny_model_dir, tmp_path, monkeypatch):
     """The sync baseline runs on the same components (every step's batch generated by the version it
-    trains: staleness 0). The same run has CURVE on (keys in a 0700 dir outside the output dir) and a
-    wandb key in its environment, wandb offline (issue 13): no file under the output dir (binary
-    included) and no command line of the run's own process tree, sampled while it runs, holds a secret
-    key or the wandb key, and no process the run started inherited the wandb key."""
+    trains: staleness 0), here with the example OpenAI-client agent (a registered function, loaded from
+    examples/openai_agent/agent.py through `plugins`): every trained episode went through the proxy. The
+    same run has CURVE on (keys in a 0700 dir outside the output dir) and a wandb key in its environment,
+    wandb offline (issue 13): no file under the output dir (binary included) and no command line of the
+    run's own process tree, sampled while it runs, holds a secret key or the wandb key, and no process the
+    run started inherited the wandb key."""
     keys_dir = tmp_path / "keys"
     keys = BufferKeys.load(keys_dir)
     wandb_key = "local-" + os.urandom(20).hex()
     monkeypatch.setenv("WANDB_API_KEY", wandb_key)  # the run inherits it (_train copies os.environ)
     out = tmp_path / "sync"
-    typed = _overrides(tiny_model_dir, out, **{"trainer.mode": "sync", "buffer.curve": "on",
-                                               "buffer.keys_dir": str(keys_dir), "trainer.wandb": "offline"})
+    typed = ["agent=openai_agent", f"plugins=[{OPENAI_AGENT_EXAMPLE}]", *_overrides(tiny_model_dir, out, **{
+        "trainer.mode": "sync", "buffer.curve": "on", "buffer.keys_dir": str(keys_dir), "trainer.wandb": "offline",
+        "agent.openai.function": "arithmetic_calculator", "agent.openai.timeout_s": 120})]
     proc = _train(typed, wait=False)
     cmdlines: set[str] = set()  # every command line seen (a Ray worker renames itself once it hosts an actor)
     inherited: set[str] = set()  # command lines of the run's children whose environment held the wandb key
@@ -441,6 +425,8 @@ def test_sync_baseline_with_curve_on_trains_and_writes_no_secret_to_its_output_d
         assert needle in log, (needle, log[-3000:])
     recs = _check_run(out, 3, max_staleness=0)  # checkpoint, final model, trajectories, uids: all scanned below
     assert all(r["train/staleness_max"] == 0 for r in recs)
+    for r in recs:  # every trained episode went through the proxy: one chain of >= 1 call
+        assert r["train/proxy/calls"] >= 1 and r["train/proxy/chains"] == 1, r
     names = " ".join(cmdlines)
     for part in ("asyncrl.cli train", "ray::BufferActor", "ray::RolloutActor", "ray::LearnerActor"):
         assert part in names, f"{part!r} was never seen among the run's processes: {names[:2000]}"
