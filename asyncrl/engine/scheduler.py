@@ -121,6 +121,12 @@ class EngineCore:
             raise BadRequest(f"Duplicate request ID detected: {req.rid}")
         if len(req.input_ids) >= self.max_context:
             raise BadRequest(f"input_ids has {len(req.input_ids)} tokens; the model's context is {self.max_context}")
+        if len(req.input_ids) + req.max_new_tokens > self.max_context:  # SGLang's rule and words (tokenizer_manager)
+            raise BadRequest(
+                f"Requested token count exceeds the model's maximum context length of {self.max_context} tokens. "
+                f"You requested a total of {len(req.input_ids) + req.max_new_tokens} tokens: {len(req.input_ids)} "
+                f"tokens from the input messages and {req.max_new_tokens} tokens for the completion."
+            )
         if len(req.input_ids) > self.max_running_tokens:
             raise BadRequest(
                 f"input_ids has {len(req.input_ids)} tokens, more than max_running_tokens={self.max_running_tokens}"
@@ -140,15 +146,16 @@ class EngineCore:
             self._wake.set()
         return await asyncio.shield(req.future)
 
-    async def abort(self, rid: str = "", abort_all: bool = False) -> int:
-        """Finish every request whose rid STARTS WITH `rid` (SGLang's scheduler matches by prefix), or
-        all, with finish_reason abort and its partial output; returns how many. An empty rid without
-        abort_all aborts nothing (SGLang ignores it: it would prefix-match every request)."""
+    async def abort(self, rid: str = "", abort_all: bool = False, *, exact: bool = False) -> int:
+        """Finish every request whose rid STARTS WITH `rid` (SGLang's scheduler matches by prefix; with
+        `exact`, only the request of that rid), or all, with finish_reason abort and its partial output;
+        returns how many. An empty rid without abort_all aborts nothing (SGLang ignores it: it would
+        prefix-match every request)."""
         if not abort_all and not rid:
             return 0
 
         def hit(r: GenRequest) -> bool:
-            return abort_all or r.rid.startswith(rid)
+            return abort_all or (r.rid == rid if exact else r.rid.startswith(rid))
 
         n = 0
         for r in list(self.waiting):

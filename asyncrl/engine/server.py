@@ -8,6 +8,10 @@ GET /stats (queue sizes).
 The weight-sync router (asyncrl.weight_sync.routes.make_router(core): the weight-update routes,
 sessions and /update_weights_from_disk included) is mounted when installed.
 Every bad request gets a 400 with {"error": message}; the server keeps serving.
+Bounded per request, whoever calls (asyncrl/util/http_server.py): headers within 10 s, a body of at
+most `max_body_bytes(context)` (413, before a byte is parsed) within 60 s (408), input_ids plus
+max_new_tokens within the model's context (400, SGLang's rule), and a generation whose client
+disconnected is aborted.
 
 Who may call what (asyncrl/util/auth.py, docs/design.md "Threat model"): every route that changes
 the engine (abort, pause, continue, every weight-sync POST) needs `Authorization: Bearer <token>`
@@ -18,6 +22,7 @@ below the model directory and the `weights_dirs` given at launch.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -30,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -46,13 +52,25 @@ from asyncrl.util.auth import (
     check_bind,
     token_from_env,
 )
+from asyncrl.util.http_server import BodyError, read_body, server_config, until_disconnected
 from asyncrl.util.net import bind_socket, is_loopback
 
 log = logging.getLogger(__name__)
 
+BODY_BYTES_PER_TOKEN = 16  # a token id in a JSON list: up to 10 digits and ", ", with room to spare
+BODY_OVERHEAD_BYTES = 1 << 20  # rid, sampling params, stop ids and the rest beside input_ids
+
+
+def max_body_bytes(max_context: int) -> int:
+    """The largest request body the engine reads: input_ids as long as the model's context, JSON-written,
+    plus BODY_OVERHEAD_BYTES. A larger one could only be refused after costing its parse (a 60 MB body
+    held the engine's event loop, /health included, for 2.9 s)."""
+    return max_context * BODY_BYTES_PER_TOKEN + BODY_OVERHEAD_BYTES
+
 
 async def _json(request: Request, required: bool = True) -> dict:
-    raw = await request.body()
+    raw = await read_body(request, request.app.state.max_body_bytes,
+                          what="the model's context in token ids, JSON-written, plus 1 MiB")
     if not raw.strip():
         if required:
             raise BadRequest("empty request body: a JSON object is required")
@@ -85,16 +103,29 @@ def create_app(core: EngineCore, model_path: str = "", on_ready: Any | None = No
 
     app = FastAPI(title="asyncrl embedded engine", lifespan=lifespan)
     app.state.core = core
+    app.state.max_body_bytes = max_body_bytes(core.max_context)
     app.add_middleware(TokenGate, token=token, open_routes=LOOPBACK_OPEN if loopback else EXPOSED_OPEN)
 
     @app.exception_handler(BadRequest)
     async def _bad(request: Request, exc: BadRequest):
         return JSONResponse({"error": str(exc)}, status_code=400)
 
+    @app.exception_handler(BodyError)
+    async def _body(request: Request, exc: BodyError):
+        return JSONResponse({"error": str(exc)}, status_code=exc.status)
+
     @app.post("/generate")
     async def generate(request: Request):
         req = parse_request(await _json(request), core.vocab_size)
-        return await core.generate(req)
+        generation = asyncio.ensure_future(core.generate(req))
+        gone = asyncio.ensure_future(until_disconnected(request))
+        try:
+            await asyncio.wait({generation, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not generation.done():  # the client left: nobody reads the rest, so nothing more is generated
+            await core.abort(req.rid, exact=True)
+        return await generation
 
     @app.post("/abort_request")
     async def abort_request(request: Request):
@@ -200,9 +231,6 @@ def serve(
               file=sys.stderr, flush=True)
     if exit_with_parent is not None:
         watch_parent(exit_with_parent)
-    # lazy: imports uvicorn, which this module does not load otherwise
-    import uvicorn
-
     if threads:
         torch.set_num_threads(threads)
     device = settings.device or default_device()
@@ -227,5 +255,5 @@ def serve(
 
     app = create_app(core, model_path, on_ready=announce, token=token, loopback=is_loopback(host),
                      weights_dirs=weights_dirs)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=60))
+    server = uvicorn.Server(server_config(app))
     server.run(sockets=[sock])

@@ -37,6 +37,7 @@ from asyncrl.agents.chat import ChatFormat
 from asyncrl.agents.tool_calls import resolve_parser
 from asyncrl.config import AgentConfig, RewardConfig
 from asyncrl.engine.base import Generator, SamplingParams
+from asyncrl.util import http_server
 from asyncrl.util.net import bind_socket, is_loopback
 
 from . import replies
@@ -83,23 +84,14 @@ def max_body_bytes(cfg: AgentConfig, tokenizer: Any) -> int:
 
 
 async def read_body(request: Any, limit: int) -> bytes:
-    """The request's body, refused with 413 once it passes `limit` bytes (by Content-Length, or as it arrives)."""
-
-    def too_large(size: str) -> OpenAIError:
-        return OpenAIError(413, f"request body {size}over this proxy's limit of {limit} bytes (the context budget: "
-                                f"agent.max_prompt_tokens + agent.max_response_tokens)",
-                           param="body", code="request_too_large")
-
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large(f"of {int(declared)} bytes is ")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large("")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    """The request's body within this proxy's bounds (asyncrl/util/http_server.py: 413 past `limit` bytes,
+    408 when it trickles), as an OpenAI-shaped error."""
+    try:
+        return await http_server.read_body(request, limit,
+                                           what="the context budget: agent.max_prompt_tokens + agent.max_response_tokens")
+    except http_server.BodyError as e:
+        code = "request_too_large" if e.status == 413 else "request_timeout"
+        raise OpenAIError(e.status, str(e), param="body", code=code) from None
 
 
 class ProxyServer:
@@ -128,8 +120,7 @@ class ProxyServer:
     async def start(self) -> ProxyServer:
         sock = bind_socket(self.host, 0)
         self.port = sock.getsockname()[1]
-        self._server = _InLoopServer(uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
-                                                    timeout_keep_alive=60))
+        self._server = _InLoopServer(http_server.server_config(self.app, lifespan="off"))
         self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
             if self._task.done():

@@ -38,6 +38,7 @@ Numeric ranges are the config schema's (`asyncrl/config.py`, checked at load).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -179,8 +180,9 @@ def check_model(cfg: Config) -> tuple[Optional[str], list[str]]:
         if not path.is_dir():
             return None, [f"{where}: no such directory (looked at {path.resolve()})"]
         missing = []
-        if not (path / "config.json").is_file():
-            missing.append("config.json")
+        config_json = path / "config.json"  # the checkpoint's (Hugging Face) config, not the run's
+        if not config_json.is_file():
+            missing.append(config_json.name)
         if not any(next(path.glob(p), None) for p in WEIGHT_FILES):
             missing.append(f"weights ({', '.join(WEIGHT_FILES)})")
         if not any((path / f).is_file() for f in TOKENIZER_FILES):
@@ -188,7 +190,7 @@ def check_model(cfg: Config) -> tuple[Optional[str], list[str]]:
         if missing:
             return None, [f"{where}: not a Hugging Face checkpoint directory ({path.resolve()}): "
                           f"missing {'; '.join(missing)}"]
-        return str(path), []
+        return str(path), check_context(cfg, config_json)
     if m.name != DEFAULT_MODEL:
         return None, [f"model.name={m.name!r}: not a known default model (known: {DEFAULT_MODEL!r}); "
                       "use model=custom model.path=DIR"]
@@ -199,6 +201,22 @@ def check_model(cfg: Config) -> tuple[Optional[str], list[str]]:
         return str(find_gguf()), []
     except ModelNotFoundError as e:
         return None, [_one_line(e)]
+
+
+def check_context(cfg: Config, config_json: Path) -> list[str]:
+    """An episode's whole budget (agent.max_prompt_tokens + agent.max_response_tokens) fits the model's
+    context (config.json's max_position_embeddings): an engine refuses a request past it (SGLang's rule),
+    which would fail the episodes that grow that long, late in the run."""
+    try:
+        context = json.loads(config_json.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return []  # the checkpoint check above names an unreadable config
+    budget = cfg.agent.max_prompt_tokens + cfg.agent.max_response_tokens
+    if isinstance(context, int) and not isinstance(context, bool) and 0 < context < budget:
+        return [f"agent.max_prompt_tokens + agent.max_response_tokens = {cfg.agent.max_prompt_tokens} + "
+                f"{cfg.agent.max_response_tokens} = {budget} tokens is more than the model's context of {context} "
+                f"tokens (max_position_embeddings in {config_json}): lower them"]
+    return []
 
 
 def load_tokenizer(source: str) -> Any:

@@ -147,6 +147,19 @@ def test_model_path_must_hold_config_weights_and_tokenizer(tmp_path, tiny_model_
                    "(tokenizer.json, tokenizer_config.json, tokenizer.model)")
 
 
+def test_an_agent_budget_past_the_model_context_is_refused(tiny_model_dir):
+    """An engine refuses a request whose input plus max_new_tokens pass the model's context (SGLang's rule):
+    a budget that could grow past it would fail episodes late in the run, so it is refused before start."""
+    def problems(*extra: str) -> list[str]:
+        return check_model(load_config(["model=custom", f"model.path={tiny_model_dir}", *extra]))[1]
+
+    assert problems("agent.max_prompt_tokens=3000", "agent.max_response_tokens=1096") == []  # 4096: the context
+    (msg,) = problems("agent.max_prompt_tokens=3000", "agent.max_response_tokens=1097")
+    assert msg == ("agent.max_prompt_tokens + agent.max_response_tokens = 3000 + 1097 = 4097 tokens is more than the "
+                   f"model's context of 4096 tokens (max_position_embeddings in {tiny_model_dir / 'config.json'}): "
+                   "lower them")
+
+
 def test_default_model_is_found_without_converting_it(tmp_path):
     """An empty cache: preflight points at the GGUF the run will convert, and converts nothing itself."""
     cache = tmp_path / "cache"

@@ -108,7 +108,7 @@ async def test_client_does_not_retry_4xx(engine):
 @pytest.mark.timeout(120)
 async def test_router_least_loaded_then_sticky(engine, engine2):
     urls = [engine.url, engine2.url]
-    long = SamplingParams(temperature=0, max_new_tokens=5000, min_new_tokens=5000)
+    long = SamplingParams(temperature=0, max_new_tokens=4000, min_new_tokens=4000)
     short = SamplingParams(temperature=0, max_new_tokens=3)
     async with EngineClient(urls, backoff_s=0.01, max_abort_rounds=0) as c:
         a1 = asyncio.create_task(c.generate([1, 2, 3], long, session_id="a"))  # tie -> engine 0

@@ -313,3 +313,90 @@ def test_engine_watch_counts_probes_skips_paused_and_kills_a_stopped_engine(engi
         assert not watch.check()
     finally:
         proc.stop()
+
+
+@pytest.mark.timeout(60)
+async def test_a_body_past_the_context_is_413_unparsed_and_a_completion_past_it_is_400(engine):
+    """The engine reads at most its context in token ids (JSON-written) plus 1 MiB, by Content-Length or as
+    the body streams in, before parsing a byte; a request whose input_ids plus max_new_tokens pass the
+    model's context is refused with SGLang's words; the engine keeps serving."""
+    import httpx
+
+    from asyncrl.engine.server import max_body_bytes
+    from asyncrl.util.auth import auth_headers
+
+    limit = max_body_bytes(4096)  # the tiny model's max_position_embeddings
+    big = b'{"input_ids": [' + b"1, " * (limit // 3) + b'1]}'
+    r = await post(engine.url, "/generate", big)
+    assert r.status_code == 413 and f"over this server's limit of {limit} bytes" in r.json()["error"], r.text
+
+    async def chunks():
+        for _ in range(limit // (1 << 16) + 2):
+            yield b" " * (1 << 16)
+
+    async with httpx.AsyncClient(timeout=60, headers=auth_headers()) as h:
+        r = await h.post(engine.url + "/generate", content=chunks())
+    assert r.status_code == 413 and "content-length" not in r.request.headers, r.text
+    for ids, n in (([1, 2, 3], 10**12), (list(range(1, 4001)), 97)):
+        r = await post(engine.url, "/generate", gen_body(ids, max_new_tokens=n))
+        assert r.status_code == 400, r.text
+        assert (f"exceeds the model's maximum context length of 4096 tokens. You requested a total of {len(ids) + n} "
+                f"tokens") in r.json()["error"]
+    out = await generate(engine.url, list(range(1, 4001)), temperature=0, max_new_tokens=96)  # exactly the context
+    assert out["meta_info"]["finish_reason"]["type"] in ("length", "stop")
+
+
+@pytest.mark.timeout(90)
+async def test_a_generation_whose_client_left_is_aborted(engine):
+    """A client that sends /generate and hangs up: the engine aborts that generation (SGLang does, when its
+    client disconnects) rather than decoding thousands of tokens nobody reads. The engine is paused first,
+    so the generation cannot end any other way."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    from asyncrl.util.auth import auth_headers
+
+    before = (await stats(engine.url))["tokens_out"]
+    url = urlsplit(engine.url)
+    body = __import__("json").dumps(gen_body([4, 4, 4], rid="left-1", temperature=0, max_new_tokens=3000,
+                                             min_new_tokens=3000)).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in auth_headers().items())
+    conn = socket.create_connection((url.hostname, url.port))
+    conn.sendall(f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{head}"
+                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    await wait_tokens(engine.url, before + 2)
+    await post(engine.url, "/pause_generation", {"mode": "in_place"})  # nothing finishes by itself now
+    try:
+        assert (await stats(engine.url))["running"] == 1
+        conn.close()
+        deadline = time.monotonic() + 30
+        while (await stats(engine.url))["running"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert (await stats(engine.url))["running"] == 0, "the generation went on after its client left"
+    finally:
+        await post(engine.url, "/continue_generation", {})
+
+
+@pytest.mark.timeout(90)
+def test_half_sent_heads_are_closed_at_the_deadline_while_health_answers(engine):
+    """5,000 half-sent requests once held an engine's connections for over a minute: now each connection
+    must finish its head within 10 s (asyncrl/util/http_server.py), and /health answers meanwhile."""
+    import socket
+    from urllib.parse import urlsplit
+
+    import httpx
+
+    url = urlsplit(engine.url)
+    conns = [socket.create_connection((url.hostname, url.port)) for _ in range(50)]
+    for c in conns:
+        c.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Le")
+    assert httpx.get(engine.url + "/health", timeout=10).json() == {"status": "ok"}
+    for c in conns:
+        c.settimeout(60)
+        try:
+            assert c.recv(1) == b"", "the engine answered a request whose head never ended"
+        except TimeoutError:
+            pytest.fail("a half-sent request was held open for 60 s")
+        finally:
+            c.close()

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from asyncrl.config import EngineConfig
-from asyncrl.engine.protocol import GenRequest
+from asyncrl.engine.protocol import BadRequest, GenRequest
 from asyncrl.engine.scheduler import EngineCore
 from tests.engine.conftest import greedy_reference, teacher_forced_logprobs
 
@@ -57,7 +57,10 @@ async def test_a_row_stops_at_the_model_context_in_the_fused_layout(engine_model
     ctx = core.max_context
     core.start()
     try:
-        long = GenRequest(rid="long", input_ids=list(range(1, ctx - 3)), temperature=0.0, max_new_tokens=50)
+        # input_ids plus max_new_tokens at the context exactly (one more is refused, as SGLang refuses it)
+        long = GenRequest(rid="long", input_ids=list(range(1, ctx - 3)), temperature=0.0, max_new_tokens=4)
+        with pytest.raises(BadRequest, match="exceeds the model's maximum context length"):
+            await core.generate(GenRequest(rid="past", input_ids=list(range(1, ctx - 3)), max_new_tokens=5))
         short = GenRequest(rid="short", input_ids=[1, 2, 3], temperature=0.0, max_new_tokens=8, min_new_tokens=8)
         a, b = await asyncio.wait_for(asyncio.gather(core.generate(long), core.generate(short)), 100)
     finally:

@@ -111,6 +111,32 @@ def test_bm25_edge_cases(world):
 
 
 @pytest.mark.timeout(90)
+def test_server_refuses_a_huge_body_unparsed_and_closes_a_half_sent_head(server, world):
+    """The retriever's HTTP bounds (asyncrl/util/http_server.py) on its real process: a body over 16 MiB is 413
+    before it is parsed, a connection whose head never ends is closed at the 10 s deadline, and the server
+    keeps answering meanwhile."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from asyncrl.envs.search_r1.server import MAX_BODY_BYTES
+
+    r = httpx.post(server.retrieve_url, content=b'{"queries": ["' + b"a" * MAX_BODY_BYTES + b'"]}', timeout=60)
+    assert r.status_code == 413 and f"limit of {MAX_BODY_BYTES} bytes" in r.json()["error"], r.text
+    url = urlsplit(server.url)
+    conn = socket.create_connection((url.hostname, url.port))
+    conn.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\n")
+    person = next(iter(world.people))
+    assert httpx.post(server.retrieve_url, json={"queries": [person], "topk": 1}).status_code == 200
+    conn.settimeout(60)
+    try:
+        assert conn.recv(1) == b""
+    except TimeoutError:
+        pytest.fail("a half-sent request was held open for 60 s")
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(90)
 def test_server_returns_the_right_document(server, world, corpus_path):
     health = httpx.get(server.url + "/health").json()
     assert health == {"status": "ok", "documents": len(load_corpus(corpus_path)), "method": "bm25"}

@@ -4,6 +4,7 @@ history rewriting."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -241,3 +242,27 @@ async def test_a_body_over_the_context_budget_is_413_before_it_is_parsed(proxy, 
     assert parsed == []  # neither body reached the parser
     reply = await oai(s).chat.completions.create(model="m", messages=USER, max_tokens=2)
     assert reply.choices[0].message is not None  # the episode goes on
+
+
+async def test_a_half_sent_head_is_closed_at_the_deadline(client_engine, proxy_tokenizer, monkeypatch):
+    """The proxy serves through asyncrl/util/http_server.py: a connection that never finishes its request's
+    head is closed at the deadline (here 0.5 s), before any key is checked; whole requests are served."""
+    import socket
+
+    from asyncrl.proxy.server import ProxyServer
+    from asyncrl.util import http_server
+    from tests.proxy.conftest import agent_cfg
+
+    monkeypatch.setattr(http_server, "HEADER_TIMEOUT_S", 0.5)
+    async with ProxyServer(client_engine, proxy_tokenizer, agent_cfg()) as p:
+        conn = socket.create_connection((p.host, p.port))
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ")
+        conn.settimeout(30)
+        try:
+            assert await asyncio.to_thread(conn.recv, 1) == b""
+        except TimeoutError:
+            pytest.fail("a half-sent request was held open for 30 s")
+        finally:
+            conn.close()
+        r = await raw(p, "", "/v1/models", None, method="GET")
+        assert r.status_code == 401  # whole requests still get their answer

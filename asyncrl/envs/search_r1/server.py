@@ -5,6 +5,8 @@ API (the shape verl's and Search-R1's search tools call):
     -> 200 {"result": [[{"document": {"id", "contents"}, "score": float}, ...] per query]}
        (with return_scores=false each hit is the bare document)
     -> 400 {"error": "..."} for a body that is not JSON or not of that shape; the server keeps serving.
+    -> 413 for a body over MAX_BODY_BYTES (before a byte is parsed), 408 for one not sent within 60 s;
+       headers are due within 10 s (asyncrl/util/http_server.py).
   GET /health -> {"status": "ok", "documents": N, "method": "bm25"}
 
 `serve` binds the port itself (0: a free one) and announces the URL on its stdout (`READY_PREFIX` +
@@ -22,11 +24,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from asyncrl.util.http_server import BodyError, read_body, server_config
+
 from .corpus import load_corpus
 from .launcher import READY_PREFIX
 from .retrieval import build_index
 
 MAX_QUERIES = 4096
+MAX_BODY_BYTES = 16 << 20  # MAX_QUERIES queries of about 4 KB each (a query is one turn of model output)
 
 
 def create_app(index: Any):
@@ -42,7 +47,10 @@ def create_app(index: Any):
 
     @app.post("/retrieve")
     async def retrieve(request: Request):
-        raw = await request.body()
+        try:
+            raw = await read_body(request, MAX_BODY_BYTES, what=f"{MAX_QUERIES} queries of about 4 KB")
+        except BodyError as e:
+            return JSONResponse({"error": str(e)}, status_code=e.status)
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -84,7 +92,7 @@ def serve(corpus: str, *, host: str = "127.0.0.1", port: int = 0, method: str = 
     sock.listen(128)
     bound = sock.getsockname()[1]
     url_host = f"[{host}]" if family == socket.AF_INET6 else host
-    config = uvicorn.Config(create_app(index), log_level=log_level, access_log=False)
+    config = server_config(create_app(index), log_level=log_level)
     server = uvicorn.Server(config)
     print(f"{READY_PREFIX}http://{url_host}:{bound} ({len(index)} documents, {method})", flush=True)
     server.run(sockets=[sock])
