@@ -11,7 +11,7 @@ It is started by `asyncrl.sandbox.runner` and is the only code that holds privil
 2. init (PID 1 of the new PID namespace, root of the new user namespace): builds the view — the host
    root bound read-only (recursively, nosuid), a fresh /proc of the new PID namespace, a minimal /dev,
    empty read-only tmpfs over /tmp /var/tmp /run /home /root /mnt /media /srv /dev/shm and the
-   configured `hide` paths, the interpreter's install tree bound back read-only where a mask hid it,
+   configured `hide` paths (and `hide_files`, each covered by /dev/null), the interpreter's install tree bound back read-only where a mask hid it,
    and one size- and inode-capped tmpfs at /tmp/work, the only writable place — copies the episode's
    files in, pivots into the view and detaches the host root, makes itself non-dumpable, then forks
    the user program: unprivileged identity (uid 65534, or a nested user namespace mapping 65534 to the
@@ -194,6 +194,15 @@ def mask(root: str, path: str) -> str | None:
     return target
 
 
+def mask_file(root: str, path: str) -> None:
+    """Cover a host file that is still visible in the view with /dev/null (it reads as empty; writes go
+    nowhere). A path through a symlink is skipped, as in `mask`; a file under a masked directory is gone
+    already."""
+    target = root + path
+    if os.path.realpath(path) == path and os.path.isfile(target):
+        mount("/dev/null", target, None, MS_BIND)
+
+
 def bind_ro(root: str, host_path: str) -> None:
     """Bind a host directory (hidden by a mask) back into the view at the same path."""
     target = root + host_path
@@ -220,6 +229,8 @@ def build_view(root: str, cfg: dict, uid: int) -> None:
     for tree in exposed:
         bind_ro(root, tree)
     masked += [m for m in (mask(root, p) for p in paths if any(under(p, t) for t in exposed)) if m]
+    for f in cfg.get("hide_files", []):
+        mask_file(root, f)
     # /dev: a few harmless devices bound from the host, nothing else
     mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755")
     for d in DEVICES:

@@ -29,6 +29,30 @@ SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHO
                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
+# The host paths a run keeps from every sandboxed program, os.pathsep-joined: `asyncrl train` sets it for the
+# processes it starts (its output dir, the buffer's WAL and keys, its data files, ...: see
+# asyncrl/run/controller.py `sandbox_hidden_paths`), so a tool needs no config to hide them.
+HIDE_ENV = "ASYNCRL_SANDBOX_HIDE"
+
+
+def hidden_by_run() -> tuple[list[str], list[str]]:
+    """The directories and the files named in HIDE_ENV, at their real paths. A path that does not exist
+    is skipped, and so is a directory that cannot be covered without hiding the system (`can_hide`):
+    its files are then covered one by one."""
+    dirs: set[str] = set()
+    files: set[str] = set()
+    for p in filter(None, os.environ.get(HIDE_ENV, "").split(os.pathsep)):
+        real = os.path.realpath(p)
+        if os.path.isdir(real) and can_hide(real):
+            dirs.add(real)
+        elif os.path.isdir(real):
+            with os.scandir(real) as entries:
+                files.update(os.path.realpath(e.path) for e in entries if e.is_file(follow_symlinks=True))
+        elif os.path.isfile(real):
+            files.add(real)
+    return sorted(dirs), sorted(files)
+
+
 class SandboxUnavailable(RuntimeError):
     """Isolation cannot be set up here; the message says what is missing."""
 
@@ -93,7 +117,9 @@ def _expose(interpreter: str) -> list[str]:
 
 def _config(episode_dir: str, limits: Limits, isolate: bool, interpreter: str) -> dict:
     cwd = "/tmp/work" if isolate else os.path.join(episode_dir, "files")
-    return {"isolate": isolate, "episode_dir": episode_dir, "cwd": cwd, "hide": list(limits.hide),
+    run_dirs, run_files = hidden_by_run()
+    return {"isolate": isolate, "episode_dir": episode_dir, "cwd": cwd, "hide": sorted({*limits.hide, *run_dirs}),
+            "hide_files": run_files,
             "expose": _expose(interpreter), "scratch_mb": int(limits.scratch_mb),
             "scratch_inodes": int(limits.scratch_inodes), "timeout_s": float(limits.timeout_s),
             "max_output_bytes": int(limits.max_output_bytes),

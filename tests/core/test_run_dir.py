@@ -229,3 +229,19 @@ def test_resume_auto_without_a_checkpoint_also_sets_aside_a_buffer_log_kept_else
     assert new.run_id != old.run_id and not wal.exists()
     [aside] = out.glob(f"discarded-{old.run_id}-*")
     assert (aside / "buffer-log" / "wal.log").read_bytes() == b"old"
+
+
+def test_the_runs_sandbox_hidden_paths_are_its_dirs_and_the_users_files(tmp_path):
+    """What `asyncrl train` asks the sandbox to hide (asyncrl/sandbox/runner.py HIDE_ENV): the output dir, the
+    buffer's WAL and keys, the weight-sync dir, and the data, tool YAML and reward files it was given,
+    absolute, each once."""
+    from asyncrl.config import load_config
+    from asyncrl.run.controller import sandbox_hidden_paths
+
+    cfg = load_config(["buffer.keys_dir=keys", f"buffer.wal_dir={tmp_path}/wal", "env.train_file=data/train.parquet",
+                       "env.reward.path=rewards.py", "env.reward.name=score", f"trainer.output_dir={tmp_path}/out"])
+    out = tmp_path / "out"
+    paths = sandbox_hidden_paths(cfg, out)
+    cwd = Path.cwd().resolve()
+    assert paths == sorted({str(out), f"{tmp_path}/wal", str(cwd / "keys"), str(cwd / "data/train.parquet"),
+                            str(cwd / "rewards.py")})

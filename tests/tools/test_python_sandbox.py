@@ -182,6 +182,36 @@ async def test_configured_paths_are_hidden():
         link.unlink(missing_ok=True)
 
 
+async def test_the_runs_own_paths_are_hidden_wherever_they_lie(monkeypatch):
+    """`asyncrl train` names its own paths in ASYNCRL_SANDBOX_HIDE (its output dir, the buffer's WAL and keys,
+    its data files, ...: controller.sandbox_hidden_paths): a directory among them is covered whole, a file
+    alone reads empty while the files beside it stay visible, a missing path is skipped; no tool config
+    is needed. (Issue 36: with the output dir outside /tmp, /home and the cwd, model-written code read the
+    run's config, every episode's trajectories and rewards, and the WAL.)"""
+    secret = f"run-secret-{uuid.uuid4().hex}"
+    out = Path(tempfile.mkdtemp(dir=REPO / ".venv", prefix="run-out-"))
+    data = Path(tempfile.mkdtemp(dir=REPO / ".venv", prefix="run-data-"))
+    try:
+        for d in (out, data):
+            d.chmod(0o755)  # readable by anyone: only the masks can keep them from the program
+        (out / "trajectories-w0.jsonl").write_text(secret)
+        (data / "train.jsonl").write_text(secret)
+        (data / "other.txt").write_text("visible")
+        monkeypatch.setenv(runner.HIDE_ENV, os.pathsep.join([str(out), str(data / "train.jsonl"),
+                                                             str(out / "not-yet-written")]))
+        t = PythonTool(CFG)
+        code = (f"import os\nprint(os.listdir({str(out)!r}))\nprint(repr(open({str(data / 'train.jsonl')!r}).read()))\n"
+                f"print(open({str(data / 'other.txt')!r}).read())\nprint(open({str(out / 'trajectories-w0.jsonl')!r}).read())")
+        try:
+            text, _, _ = await t.execute("ep", {"code": code})
+        finally:
+            await t.release("ep")
+        assert text.startswith("[]\n''\nvisible\n") and "FileNotFoundError" in text and secret not in text, text
+    finally:
+        shutil.rmtree(out)
+        shutil.rmtree(data)
+
+
 async def test_the_workers_cwd_is_hidden(monkeypatch):
     """The rollout worker's cwd (where a run's outputs/ lie) is covered by default; hide_cwd: false shows it."""
     secret = f"cwd-secret-{uuid.uuid4().hex}"

@@ -107,8 +107,8 @@ def canary() -> Iterator[tuple[subprocess.Popen, str, int]]:
         proc.wait()
 
 
-def run_as_user(staged: Path, programs: dict[str, str]) -> dict:
-    env = [f"{k}={v}" for k, v in {**ENV, "PYTHONPATH": str(staged)}.items()]
+def run_as_user(staged: Path, programs: dict[str, str], extra_env: dict[str, str] | None = None) -> dict:
+    env = [f"{k}={v}" for k, v in {**ENV, "PYTHONPATH": str(staged), **(extra_env or {})}.items()]
     p = subprocess.run([*DROP, "env", "-i", *env, _interpreter(), str(staged / "driver.py"), json.dumps(programs)],
                        capture_output=True, text=True, timeout=150, cwd=staged)
     assert p.returncode == 0, p.stderr
@@ -146,3 +146,32 @@ def test_an_ordinary_user_runs_the_python_tool_isolated_and_the_attacks_are_cont
     assert out["signal"]["stdout"].startswith("refused") and proc.poll() is None  # the canary lives
     assert out["network"]["stdout"].startswith("refused"), out["network"]
     assert (out["normal"]["stdout"], out["normal"]["rc"]) == ("42\n", 0)
+
+
+def test_an_ordinary_users_run_files_are_hidden_from_its_programs(staged):
+    """The paths a run names in ASYNCRL_SANDBOX_HIDE (its output dir, its data files) are covered for an
+    ordinary user too: the directory by a tmpfs, the file alone by /dev/null (a bind mount made in the
+    sandbox's own user namespace), while a file beside it stays readable."""
+    from asyncrl.sandbox.runner import HIDE_ENV
+
+    secret = f"run-secret-{uuid.uuid4().hex}"
+    repo = Path(asyncrl.__file__).resolve().parents[1]
+    out = Path(tempfile.mkdtemp(dir=repo / ".venv", prefix="nonroot-out-"))
+    data = Path(tempfile.mkdtemp(dir=repo / ".venv", prefix="nonroot-data-"))
+    try:
+        for d in (out, data):
+            d.chmod(0o755)
+        (out / "config.json").write_text(secret)
+        (data / "train.jsonl").write_text(secret)
+        (data / "other.txt").write_text("visible")
+        for f in (out / "config.json", data / "train.jsonl", data / "other.txt"):
+            f.chmod(0o644)  # readable by uid 1000 on the host: only the masks keep them from the program
+        code = (f"import os\nprint(os.listdir({str(out)!r}), repr(open({str(data / 'train.jsonl')!r}).read()), "
+                f"open({str(data / 'other.txt')!r}).read())")
+        out_json = run_as_user(staged, {"read": code},
+                               {HIDE_ENV: os.pathsep.join([str(out), str(data / "train.jsonl")])})
+    finally:
+        shutil.rmtree(out)
+        shutil.rmtree(data)
+    assert out_json["read"]["rc"] == 0, out_json["read"]["stderr"]
+    assert out_json["read"]["stdout"] == "[] '' visible\n" and secret not in str(out_json), out_json
