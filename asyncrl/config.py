@@ -657,12 +657,13 @@ class BufferConfig:
     max_frame_bytes: int = setting(
         256 << 20, "the largest request body accepted (bytes); a larger one gets an error reply")
     curve: Literal["off", "on", "auto"] = setting(
-        "auto",
-        "CURVE + a ZAP allow-list of the run's producer and consumer keys (asyncrl/buffer/keys.py); auto: "
-        "on for a non-loopback bind (which is refused without it)",
+        "on",
+        "CURVE + a ZAP allow-list of the run's producer and consumer keys (asyncrl/buffer/keys.py), so no other "
+        "process can add, take or read trajectories; auto: on only for a non-loopback bind; off: any local "
+        "process can talk to a loopback buffer",
     )
     keys_dir: Optional[str] = setting(
-        None, "0700 dir of z85 key files (created when absent); None: in-memory keys")
+        None, "0700 dir of z85 key files (created when absent); None: fresh keys in memory for each run")
     compact_min_bytes: int = setting(
         64 << 20,
         "online WAL compaction when the log exceeds max(compact_min_bytes, compact_ratio x the live state) "

@@ -5,7 +5,9 @@ readable conversation, ~30 KB):
   (a) asyncrl: the buffer service in its own process (`asyncrl buffer`, WAL with ``fsync=batched``),
       producers `AsyncBufferProducer.put_bytes` (a window of concurrent puts, each acked after the WAL
       append), the consumer `BufferConsumer.get_batch` (decoded `Batch`) and one `commit` at the end
-      (a learner commits at its checkpoint);
+      (a learner commits at its checkpoint); as a run has it by default, with CURVE (encryption and the
+      allow-list of the run's keys), and the same without (``buffer.curve=off``): their ratio
+      ``curve_over_plain`` is what CURVE costs;
   (b) a Ray actor queue, the shape of verl's async message queue: an actor with put/get methods,
       producers (Ray actors) calling ``ray.get(queue.put.remote(payload))``, the consumer polling
       ``ray.get(queue.get.remote(n))``;
@@ -14,7 +16,8 @@ readable conversation, ~30 KB):
       ceiling of any buffer that logs a trajectory before counting it.
 Time runs from the moment all producers are released until the consumer holds every trajectory.
 The sides run interleaved for ``--rounds`` rounds (asyncrl/bench/rounds.py); reports the median
-trajectories/s of each with its spread, MB/s, and the ratios of medians a/b, a/c, d/c and a/d.
+trajectories/s of each with its spread, MB/s, and the ratios of medians a/b, a/c, d/c, a/d (a with CURVE) and
+curve_over_plain.
 
 ``--scale N``: instead, N small training trajectories (groups of 4, ids ``bench-g<p>-<i>``) go through
 put / get / commit in rounds against the buffer process, and the line reports the buffer process's RSS
@@ -43,6 +46,7 @@ import zmq
 
 from asyncrl.bench.rounds import MIN_ROUNDS, interleave, ratio, summary
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer
+from asyncrl.buffer.keys import BufferKeys, endpoint
 from asyncrl.data.schema import Array, Trajectory, encode, make_trajectory
 from asyncrl.util.net import free_port
 
@@ -103,7 +107,7 @@ def _asyncrl_producer(addr, k, n, tokens, group_size, window, barrier):
     tmpl = template(tokens, group_size)
 
     async def main():
-        prod = AsyncBufferProducer(addr, timeout_s=30.0)
+        prod = AsyncBufferProducer(addr, timeout_s=30.0)  # an address, or a BufferEndpoint with CURVE keys
         await prod.put_bytes(payload(template(tokens, 1), k, 10**6, 1))  # warm the connection (a group of 1)
         barrier.wait()
         sem = asyncio.Semaphore(window)
@@ -150,16 +154,22 @@ def _per_producer(a) -> int:
 # ---------------------------------------------------------------------------- the three runs
 
 
-def run_asyncrl(a) -> tuple[float, int]:
+def run_asyncrl(a, curve: bool = True) -> tuple[float, int]:
     per = _per_producer(a)
     wal = tempfile.mkdtemp(prefix="asyncrl-bench-wal-")
+    keys_dir = os.path.join(tempfile.mkdtemp(prefix="asyncrl-bench-keys-"), "keys")
+    security = ["--curve", "on", "--keys-dir", keys_dir] if curve else ["--curve", "off"]
     srv = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "buffer", "--wal-dir", wal, "--fsync", a.fsync,
-                            "--port", str(free_port()), "--max-staleness", "4"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            "--port", str(free_port()), "--max-staleness", "4", *security],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         addr = srv.stdout.readline().split()[1]
+        keys = BufferKeys.load(keys_dir, create=False) if curve else None
+        producer_ep = endpoint(keys, addr, "producer")
         procs, barrier = _start(_asyncrl_producer,
-                                lambda k: (addr, k, per, a.tokens, a.group_size, a.window), a.producers, a.producers + 1)
-        c = BufferConsumer(addr, timeout_s=30)
+                                lambda k: (producer_ep, k, per, a.tokens, a.group_size, a.window), a.producers,
+                                a.producers + 1)
+        c = BufferConsumer(endpoint(keys, addr, "consumer"), timeout_s=30)
         warm = c.get_batch(a.producers, 0, timeout_s=60)  # the warm-up groups of 1
         c.commit([warm.batch_id], 0)
         barrier.wait()
@@ -186,6 +196,11 @@ def run_asyncrl(a) -> tuple[float, int]:
         srv.terminate()
         srv.wait(10)
         shutil.rmtree(wal, ignore_errors=True)
+        shutil.rmtree(os.path.dirname(keys_dir), ignore_errors=True)
+
+
+def run_asyncrl_plain(a) -> tuple[float, int]:
+    return run_asyncrl(a, curve=False)
 
 
 def run_zmq(a) -> tuple[float, int]:
@@ -303,7 +318,7 @@ def run_scale(a) -> dict:
     rounds = max(1, a.scale // SCALE_ROUND)
     wal = tempfile.mkdtemp(prefix="asyncrl-bench-wal-")
     srv = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "buffer", "--wal-dir", wal, "--fsync", a.fsync,
-                            "--port", str(free_port()), "--max-staleness", "4"], stdout=subprocess.PIPE,
+                            "--port", str(free_port()), "--max-staleness", "4", "--curve", "off"], stdout=subprocess.PIPE,
                            stderr=subprocess.DEVNULL, text=True)
     base = make_trajectory(uid="x", group_id="x", group_size=SCALE_GROUP, prompt_ids=[1, 2, 3],
                            response_ids=[4, 5, 6, 7], loss_mask=[1] * 4, behavior_logprobs=[-0.5] * 4,
@@ -355,7 +370,7 @@ def run(args: argparse.Namespace) -> dict:
     n = _per_producer(args) * args.producers
     out: dict = {"trajectory_bytes": size, "trajectories": n, "producers": args.producers, "fsync": args.fsync,
                  "rounds": args.rounds}
-    sides = {"zmq": run_zmq, "zmq_log": run_zmq_log, "asyncrl": run_asyncrl}
+    sides = {"zmq": run_zmq, "zmq_log": run_zmq_log, "asyncrl": run_asyncrl, "asyncrl_plain": run_asyncrl_plain}
     if not args.skip_ray:
         sides["ray"] = run_ray
 
@@ -374,4 +389,5 @@ def run(args: argparse.Namespace) -> dict:
     out["a_over_c"] = ratio(per_s["asyncrl"], per_s["zmq"])
     out["d_over_c"] = ratio(per_s["zmq_log"], per_s["zmq"])
     out["a_over_d"] = ratio(per_s["asyncrl"], per_s["zmq_log"])
+    out["curve_over_plain"] = ratio(per_s["asyncrl"], per_s["asyncrl_plain"])
     return out

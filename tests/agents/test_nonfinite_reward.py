@@ -92,7 +92,7 @@ async def test_rollout_worker_counts_a_nan_reward_reports_it_failed_and_goes_on(
     reward_file.write_text(REWARD_FILE)
     cfg = Config(model=ModelConfig(path=str(tiny_model_dir)), agent=AgentConfig(name="single_turn"),
                  env=EnvConfig(tools=[], reward=RewardConfig(path=str(reward_file), name="shaky_reward")))
-    svc = BufferService(BufferConfig(), tmp_path / "wal", max_staleness=0)
+    svc = BufferService(BufferConfig(curve="off"), tmp_path / "wal", max_staleness=0)
     svc.start()
     engine = ScriptedEngine(tokenizer, ["Answer: 17", "Answer: 17"])
     worker = RolloutWorker(cfg, worker_id=0, num_workers=1, rows=[{"prompt": []}], engine=engine,
@@ -123,7 +123,7 @@ async def test_buffer_refuses_non_finite_numbers_at_put(tmp_path, field, value, 
     if field == "behavior_logprobs":
         value = Array.of(value, "float32")
     t = msgspec.structs.replace(t, **{field: value})
-    svc = BufferService(BufferConfig(), tmp_path / "wal", max_staleness=0)
+    svc = BufferService(BufferConfig(curve="off"), tmp_path / "wal", max_staleness=0)
     svc.start()
     producer = AsyncBufferProducer(svc.address, timeout_s=30.0, retries=1)
     try:

@@ -34,7 +34,8 @@ def service(tmp_path):
     started = []
 
     def make(wal_dir=None, max_staleness=0, keys=None, **cfg_kw):
-        svc = BufferService(BufferConfig(**cfg_kw), wal_dir or tmp_path / "wal", max_staleness, keys)
+        cfg = BufferConfig(**{"curve": "off" if keys is None else "on", **cfg_kw})  # the protocol, in plain text
+        svc = BufferService(cfg, wal_dir or tmp_path / "wal", max_staleness, keys)
         svc.start()
         started.append(svc)
         return svc
@@ -50,7 +51,7 @@ class BufferProcess:
     def __init__(self, wal_dir, port: int, fsync: str = "batched", max_staleness: int = 0, args=(), env=None):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "asyncrl.cli", "buffer", "--wal-dir", str(wal_dir), "--port", str(port),
-             "--fsync", fsync, "--max-staleness", str(max_staleness), *args], stdout=subprocess.PIPE,
+             "--fsync", fsync, "--max-staleness", str(max_staleness), "--curve", "off", *args], stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True, env=None if env is None else {**os.environ, **env})
         line = self.proc.stdout.readline()
         if not line.startswith("BUFFER_ADDRESS "):

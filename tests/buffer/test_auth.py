@@ -51,8 +51,8 @@ async def test_allowed_producer_and_consumer_work(curve_service):
 
 
 async def test_without_curve_the_run_hands_out_plain_endpoints(service):
-    """buffer.curve=auto on loopback: no keys, and the endpoints the fleet builds carry none."""
-    cfg = BufferConfig()
+    """buffer.curve=auto (or off) on loopback: no keys, and the endpoints the fleet builds carry none."""
+    cfg = BufferConfig(curve="auto")
     keys = BufferKeys.for_run(cfg)
     assert keys is None
     svc = service()
@@ -165,7 +165,7 @@ def test_curve_auto_means_on_for_a_non_loopback_bind(host, curve, on):
 
 def test_a_keys_dir_with_curve_off_is_refused(tmp_path):
     with pytest.raises(BufferKeyError, match="keys_dir=.* is set but buffer.curve='auto'"):
-        BufferKeys.for_run(BufferConfig(keys_dir=str(tmp_path / "k")))
+        BufferKeys.for_run(BufferConfig(curve="auto", keys_dir=str(tmp_path / "k")))
     assert not (tmp_path / "k").exists()
 
 
@@ -202,3 +202,35 @@ def test_cli_serves_with_keys_from_a_directory(tmp_path):
 
 def _encode(t) -> bytes:
     return msgspec.msgpack.encode(t)
+
+
+async def test_a_runs_buffer_refuses_strangers_by_default(tmp_path):
+    """Issue 36: with the default config a stranger process on the same host read STATS, PUT a forged group
+    (trained at step 21 in place of the real one) and took real groups that then vanished. The default is now
+    CURVE with fresh keys for each run: a client without keys (what the stranger was) gets no answer to STATS,
+    PUT or GET, and nothing it sent is stored; the run's own consumer sees an empty, untouched buffer."""
+    from asyncrl.buffer.server import BufferService
+    from asyncrl.config import load_config
+
+    cfg = load_config([]).buffer  # what `asyncrl train` uses unless told otherwise
+    keys = BufferKeys.for_run(cfg)
+    assert (cfg.curve, cfg.keys_dir) == ("on", None) and keys is not None
+    assert BufferKeys.for_run(cfg).producer != keys.producer  # fresh keys for each run
+    svc = BufferService(cfg, tmp_path / "wal", 0, keys)
+    svc.start()
+    try:
+        stranger = BufferConsumer(svc.address, timeout_s=REFUSED_TIMEOUT_S)
+        stranger.REQUEST_TRIES = 1
+        with pytest.raises(BufferTimeout):
+            stranger.stats()
+        assert stranger.get_batch(1, 0, timeout_s=REFUSED_TIMEOUT_S) is None  # no reply: no batch
+        stranger.close()
+        forger = AsyncBufferProducer(svc.address, timeout_s=REFUSED_TIMEOUT_S, retries=0)
+        with pytest.raises((BufferTimeout, BufferError)):
+            await forger.put_bytes(_encode(traj("forged", "g-forged")))
+        await forger.close()
+        own = BufferConsumer(keys.endpoint(svc.address, "consumer"), timeout_s=30)
+        assert _store(own)["size"] == 0 and own.stats()["received"] == 0
+        own.close()
+    finally:
+        svc.stop()

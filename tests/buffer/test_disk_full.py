@@ -40,7 +40,7 @@ def _start_in_namespace(mnt: Path) -> tuple[subprocess.Popen, str]:
     cmd = ["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o size={TMPFS} tmpfs "$0" && exec "$@"', str(mnt),
            sys.executable, "-m", "asyncrl.cli", "buffer", "--wal-dir", str(mnt), "--port", str(free_port()),
            "--fsync", "batched", "--max-staleness", "0", "--disk-reserve-bytes", str(RESERVE),
-           "--disk-probe-s", "0.05"]
+           "--disk-probe-s", "0.05", "--curve", "off"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     line = proc.stdout.readline()
     if not line.startswith("BUFFER_ADDRESS "):
@@ -135,7 +135,7 @@ async def test_full_disk_refuses_puts_serves_and_resumes_losing_nothing(tmp_path
     from asyncrl.buffer.server import BufferService
     from asyncrl.config import BufferConfig
 
-    svc = BufferService(BufferConfig(disk_reserve_bytes=0), copy, 0)
+    svc = BufferService(BufferConfig(disk_reserve_bytes=0, curve="off"), copy, 0)
     svc.start()
     c = BufferConsumer(svc.address, timeout_s=30.0)
     try:

@@ -85,8 +85,9 @@ def test_raw_tcp_garbage_does_not_break_the_service(service):
 def test_non_loopback_bind_without_keys_is_refused(tmp_path, host):
     with pytest.raises(BufferConfigError, match="not a loopback address and buffer.curve='off'"):
         BufferService(BufferConfig(host=host, curve="off"), tmp_path, 0)
-    with pytest.raises(BufferConfigError, match="needs the CURVE keys"):  # auto turns CURVE on: keys needed
-        BufferService(BufferConfig(host=host), tmp_path, 0)
+    for curve in ("on", "auto"):  # on (the default), and auto for a non-loopback bind: keys needed
+        with pytest.raises(BufferConfigError, match="needs the CURVE keys"):
+            BufferService(BufferConfig(host=host, curve=curve), tmp_path, 0)
 
 
 def test_loopback_recognition():
@@ -95,7 +96,7 @@ def test_loopback_recognition():
 
 
 def test_cli_refuses_exposed_bind(tmp_path):
-    for extra in ([], ["--curve", "off"]):  # auto: CURVE without --keys-dir; off: exposed without CURVE
+    for extra in ([], ["--curve", "off"]):  # on (the default): CURVE without --keys-dir; off: exposed without CURVE
         r = subprocess.run([sys.executable, "-m", "asyncrl.cli", "buffer", "--host", "0.0.0.0", "--wal-dir",
                             str(tmp_path), *extra], check=False, capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and ("--keys-dir" if not extra else "without CURVE") in r.stdout, r.stdout
@@ -103,4 +104,4 @@ def test_cli_refuses_exposed_bind(tmp_path):
 
 def test_keys_without_curve_are_refused(tmp_path):
     with pytest.raises(BufferConfigError, match="CURVE keys were given but buffer.curve='auto'"):
-        BufferService(BufferConfig(), tmp_path, 0, BufferKeys.generate())  # loopback + auto: CURVE off
+        BufferService(BufferConfig(curve="auto"), tmp_path, 0, BufferKeys.generate())  # loopback + auto: CURVE off

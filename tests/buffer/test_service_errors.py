@@ -29,7 +29,7 @@ def _limited_log() -> None:  # runs in the service's process before exec
 def _start(wal_dir, limited: bool) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "asyncrl.cli", "buffer", "--wal-dir", str(wal_dir), "--port", str(free_port()),
-         "--fsync", "each", "--max-staleness", "0", "--disk-reserve-bytes", "0"],
+         "--fsync", "each", "--max-staleness", "0", "--disk-reserve-bytes", "0", "--curve", "off"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_limited_log if limited else None)
     line = proc.stdout.readline()
     if not line.startswith("BUFFER_ADDRESS "):
@@ -94,7 +94,7 @@ def test_a_stopped_service_answers_every_request_with_its_error(tmp_path):
     from asyncrl.buffer.server import BufferService
     from asyncrl.config import BufferConfig
 
-    svc = BufferService(BufferConfig(fsync="each"), tmp_path / "wal", 0)
+    svc = BufferService(BufferConfig(fsync="each", curve="off"), tmp_path / "wal", 0)
     svc.start()
     consumer = BufferConsumer(svc.address, timeout_s=30.0)
     try:
@@ -133,7 +133,7 @@ def test_supervisor_stops_the_run_when_the_buffer_actor_reports_its_error(tmp_pa
     if started:
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
-        actor = BufferActor.remote(BufferConfig(fsync="each"), str(tmp_path / "wal"), 0, None)
+        actor = BufferActor.remote(BufferConfig(fsync="each", curve="off"), str(tmp_path / "wal"), 0, None)
         addr = ray.get(actor.address.remote())
         sup = Supervisor(engines=[], engine_urls=[], learners=None, base_weights="", restart_weights=tmp_path,
                          spawn_worker=None, buffer=actor)

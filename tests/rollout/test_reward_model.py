@@ -103,7 +103,7 @@ async def test_a_real_worker_puts_trajectories_scored_by_the_reward_model_into_t
     scorer = SequenceScorer(cfg.reward_model)
     rows = [{"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "reward_model": {"ground_truth": "4"},
              "data_source": "test"}]
-    svc = BufferService(BufferConfig(), tmp_path / "wal", 0)
+    svc = BufferService(BufferConfig(curve="off"), tmp_path / "wal", 0)
     svc.start()
     consumer = BufferConsumer(svc.address)
     engine = ScriptedEngine(tokenizer, ["Answer: 4", "Answer: 5"] * 8)

@@ -27,7 +27,7 @@ async def test_a_bad_row_fails_its_group_naming_file_and_row_and_the_worker_goes
     path.write_text(json.dumps({**good, "prompt": [{"role": "user"}]}) + "\n" + json.dumps(good) + "\n")
     cfg = load_config(["agent=single_turn", "trainer.batch_groups=1", "algorithm.n_samples=2",
                        f"trainer.output_dir={tmp_path}", "trainer.max_prompt_retries=0"])
-    svc = BufferService(BufferConfig(), tmp_path / "wal", cfg.algorithm.max_staleness)
+    svc = BufferService(BufferConfig(curve="off"), tmp_path / "wal", cfg.algorithm.max_staleness)
     svc.start()
     consumer = BufferConsumer(svc.address)
     engine = ScriptedEngine(tokenizer, ["The answer is 4."] * 64)

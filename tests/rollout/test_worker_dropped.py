@@ -41,7 +41,7 @@ async def test_a_dropped_group_returns_its_budget_and_is_reissued_then_skipped(t
     cfg = load_config(["agent=single_turn", "trainer=sync", "trainer.batch_groups=1", "algorithm.n_samples=2",
                        "trainer.max_prompt_retries=2", f"env.reward.path={reward}", "env.reward.name=boom",
                        f"trainer.output_dir={tmp_path}"])
-    svc = BufferService(BufferConfig(), tmp_path / "wal", cfg.algorithm.max_staleness)
+    svc = BufferService(BufferConfig(curve="off"), tmp_path / "wal", cfg.algorithm.max_staleness)
     svc.start()
     consumer = BufferConsumer(svc.address)
     engine = ScriptedEngine(tokenizer, ["The answer is 4."] * 64)
