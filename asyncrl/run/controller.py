@@ -40,6 +40,7 @@ from asyncrl.envs.base import resolve_env
 from asyncrl.learner.checkpoint import checkpoint_version, prune_checkpoints
 from asyncrl.metrics import MetricsLogger
 from asyncrl.run.fleet import Fleet, load_rows
+from asyncrl.run.ray_auth import private_local_ray, readable_token_file
 from asyncrl.run.watchdog import Verdict, Watchdog
 from asyncrl.run_dir import (
     RunDirError,
@@ -99,9 +100,11 @@ def run(cfg: Config, rows: list[dict] | None = None, overrides: list[str] | None
     except BaseException:
         lock.release()  # emptied: a crash here is no dead holder for the next start to report
         raise
+    # a Ray instance of the run's own: token authentication with a fresh token nobody else holds
+    ray_token = None if (cfg.ray.address or os.environ.get("RAY_ADDRESS")) else private_local_ray()
     try:
         write_overrides(out, list(overrides or []))
-        with ConsoleLog(out, list(secret_env.values())):
+        with ConsoleLog(out, [*secret_env.values(), *([ray_token] if ray_token else [])]):
             return _run(cfg, rows, out, start, secret_env)
     finally:
         lock.release()
@@ -121,6 +124,8 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
     # what model-written code in the python tool may never read, wherever it lies (the sandbox reads it)
     os.environ[SANDBOX_HIDE_ENV] = os.pathsep.join(sandbox_hidden_paths(cfg, out))
     joins = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    if (loose := readable_token_file()) is not None:
+        log.warning("%s", loose)
     runtime_env = {"env_vars": {ENGINE_TOKEN_ENV: token, SANDBOX_HIDE_ENV: os.environ[SANDBOX_HIDE_ENV]}} \
         if joins else None
     registry.load_all(cfg.plugins)
