@@ -32,7 +32,11 @@ TMPFS = 2 << 20
 RESERVE = 256 << 10
 FILLER = 1 << 20
 N = 40
-FIRST = 16  # put one by one before the disk fills; the rest (concurrent) fill it
+# put one by one before the disk fills; the rest (concurrent) fill it. 24 of these 26 KB trajectories leave
+# less than the reserve free once they are written, so after the failed write the buffer stays full until the
+# filler goes (the space probe ends an episode once it holds the reserve with as much again free: with 16,
+# 600 KB were free after the failure and the episode ended within one probe, racing the checks below)
+FIRST = 24
 
 
 def _start_in_namespace(mnt: Path) -> tuple[subprocess.Popen, str]:
@@ -76,6 +80,7 @@ async def test_full_disk_refuses_puts_serves_and_resumes_losing_nothing(tmp_path
     mnt.mkdir()
     proc, address = _start_in_namespace(mnt)
     view = Path(f"/proc/{proc.pid}/root{mnt}")  # the namespace's tmpfs, seen from here
+    clients: list = []
     try:
         assert (view / RESERVE_NAME).stat().st_size == RESERVE
         (view / "filler").write_bytes(b"\0" * FILLER)  # another writer takes half the disk
@@ -84,6 +89,8 @@ async def test_full_disk_refuses_puts_serves_and_resumes_losing_nothing(tmp_path
 
         producer = AsyncBufferProducer(address, timeout_s=30.0, retries=2)
         consumer = BufferConsumer(address, timeout_s=30.0)
+        clients.extend([producer, consumer])  # closed below even when a check fails: a leaked zmq context
+        # blocks whichever later test's garbage collection finalizes it
         for i in range(FIRST):  # these fit: acked one by one
             await producer.put(traj(f"d{i}", f"dg{i}", n=2000))
         tasks = [asyncio.create_task(producer.put(traj(f"d{i}", f"dg{i}", n=2000))) for i in range(FIRST, N)]
@@ -114,8 +121,6 @@ async def test_full_disk_refuses_puts_serves_and_resumes_losing_nothing(tmp_path
         assert sum("refuses puts" in m for m in said) == 1  # once per episode, not once per refusal
         assert sum("acks puts again" in m for m in said) == 1
         assert producer.full_waits > 1
-        await producer.close()
-        consumer.close()
 
         # the log is well-formed: every byte of it is an intact record (failed writes were cut back)
         wal = view / WAL_NAME
@@ -124,6 +129,11 @@ async def test_full_disk_refuses_puts_serves_and_resumes_losing_nothing(tmp_path
         copy.mkdir()
         shutil.copyfile(wal, copy / WAL_NAME)
     finally:
+        for client in clients:
+            if isinstance(client, AsyncBufferProducer):
+                await client.close()
+            else:
+                client.close()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
