@@ -53,6 +53,38 @@ def secret_env_set(env: Optional[dict[str, str]]) -> Iterator[None]:
             os.environ.pop(k, None)
 
 
+# environment variables whose values are a run's own secrets: the engine token, Ray's token for the run's
+# own instance (asyncrl/run/ray_auth.py) and the wandb key. A config value may never hold one (see below).
+RUN_SECRET_ENV = ("ASYNCRL_ENGINE_TOKEN", "RAY_AUTH_TOKEN", *SECRET_ENV)
+MIN_SECRET_CHARS = 16  # shorter values are not looked for (they would match ordinary text)
+
+
+def run_secrets_in(data: Any, path: str = "") -> list[str]:
+    """Where `data` (nested dicts and lists, e.g. a resolved tool YAML) holds the value of a run secret
+    (`RUN_SECRET_ENV`, as this process's environment has them), as "path (VARIABLE)"; never the value.
+    A value that reaches a tool's config or schema reaches prompts, tool replies, trajectories, the buffer's
+    WAL and logs (issue 36: `${oc.env:ASYNCRL_ENGINE_TOKEN}` in a tool YAML wrote the token into every
+    trajectory), so such a config is refused where it is loaded."""
+    values = {v: k for k in RUN_SECRET_ENV if len(v := os.environ.get(k, "")) >= MIN_SECRET_CHARS}
+    if not values:
+        return []
+    found: list[str] = []
+
+    def walk(x: Any, p: str) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                walk(k, p)
+                walk(v, f"{p}.{k}" if p else str(k))
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{p}[{i}]")
+        elif isinstance(x, str):
+            found.extend(f"{p or '(top)'} ({name})" for value, name in values.items() if value in x)
+
+    walk(data, path)
+    return found
+
+
 def is_secret(path: str) -> bool:
     """Is the config field at dotted `path` secret-bearing?"""
     return path in SECRET_PATHS or bool(_SECRET_NAME.search(path.rsplit(".", 1)[-1]))

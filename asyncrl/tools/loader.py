@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 
 from asyncrl import registry
 from asyncrl.config import ToolSpec
+from asyncrl.secrets import run_secrets_in
 from asyncrl.tools.base import SchemaDefinitionError, check_parameters_schema
 
 
@@ -85,6 +86,11 @@ def load_tool_specs(tools: Optional[list[Any]] = None, tools_config: Optional[st
     specs, seen = [], {}
     for where, entry in entries:
         spec = _as_spec(entry, where)
+        if leaks := run_secrets_in({"config": spec.config, "tool_schema": spec.tool_schema}):
+            raise ToolConfigError(
+                f"{where}: {', '.join(leaks)} holds the value of a run secret (from an interpolation such as "
+                "${oc.env:...}?): a tool's config and schema reach prompts, tool replies, trajectories, the buffer's "
+                "log and console lines; give the tool what it needs another way")
         try:
             cls = resolve_tool_class(spec.class_name)
         except registry.PluginError as e:

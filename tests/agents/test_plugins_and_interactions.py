@@ -90,6 +90,29 @@ async def test_verl_tool_yaml_loads_and_runs(tokenizer, tmp_path):
     assert traj.metrics["tool_error"] == 1 and traj.reward == 1.0
 
 
+@pytest.mark.parametrize("where", ["config", "description"])
+def test_a_tool_yaml_that_interpolates_a_run_secret_is_refused_naming_where(tmp_path, monkeypatch, where):
+    """Issue 36: `${oc.env:ASYNCRL_ENGINE_TOKEN}` in a tool YAML wrote the run's engine token into every
+    trajectory and the buffer's WAL (a tool's config and schema reach prompts, tool replies and logs). Such a
+    tool is refused where it is loaded (the preflight, and every rollout worker), naming the key and the
+    variable, never the value."""
+    token = "f" * 64
+    monkeypatch.setenv("ASYNCRL_ENGINE_TOKEN", token)
+    text = VERL_YAML.replace("max_exponent: 3", "max_exponent: 3\n      api_key: ${oc.env:ASYNCRL_ENGINE_TOKEN}") \
+        if where == "config" else VERL_YAML.replace('"A calculator."', '"A calculator; key ${oc.env:ASYNCRL_ENGINE_TOKEN}"')
+    path = tmp_path / "tools.yaml"
+    path.write_text(text)
+    with pytest.raises(ToolConfigError) as e:
+        load_tool_specs([], str(path))
+    named = "config.api_key" if where == "config" else "tool_schema.function.description"
+    assert f"{path}: tools[0]: {named} (ASYNCRL_ENGINE_TOKEN) holds the value of a run secret" in str(e.value)
+    assert token not in str(e.value)
+    monkeypatch.delenv("ASYNCRL_ENGINE_TOKEN")
+    monkeypatch.setenv("SOME_TOOL_API_KEY", token)  # a tool's own key is the user's to pass: not a run secret
+    path.write_text(text.replace("ASYNCRL_ENGINE_TOKEN", "SOME_TOOL_API_KEY"))
+    assert [s.tool_schema["function"]["name"] for s in load_tool_specs([], str(path))] == ["calc"]
+
+
 @pytest.mark.parametrize("env,names", [("arithmetic", ["calculator"]), ("search_r1", ["search"])])
 def test_tool_specs_from_the_real_config_tree(env, names):
     cfg = load_config([f"env={env}"])
