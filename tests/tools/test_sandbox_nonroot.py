@@ -155,9 +155,10 @@ def test_an_ordinary_users_run_files_are_hidden_from_its_programs(staged):
     from asyncrl.sandbox.runner import HIDE_ENV
 
     secret = f"run-secret-{uuid.uuid4().hex}"
-    repo = Path(asyncrl.__file__).resolve().parents[1]
-    out = Path(tempfile.mkdtemp(dir=repo / ".venv", prefix="nonroot-out-"))
-    data = Path(tempfile.mkdtemp(dir=repo / ".venv", prefix="nonroot-data-"))
+    # outside every default mask (the repository may lie under /tmp, which the sandbox covers whole), so only
+    # the run's list can hide them: /var/lib, which the test's root can write
+    out = Path(tempfile.mkdtemp(dir="/var/lib", prefix="asyncrl-nonroot-out-"))
+    data = Path(tempfile.mkdtemp(dir="/var/lib", prefix="asyncrl-nonroot-data-"))
     try:
         for d in (out, data):
             d.chmod(0o755)
