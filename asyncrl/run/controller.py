@@ -101,7 +101,7 @@ def run(cfg: Config, rows: list[dict] | None = None, overrides: list[str] | None
         lock.release()  # emptied: a crash here is no dead holder for the next start to report
         raise
     # a Ray instance of the run's own: token authentication with a fresh token nobody else holds
-    ray_token = None if (cfg.ray.address or os.environ.get("RAY_ADDRESS")) else private_local_ray()
+    ray_token = None if joins_cluster(cfg) else private_local_ray()
     try:
         write_overrides(out, list(overrides or []))
         with ConsoleLog(out, [*secret_env.values(), *([ray_token] if ray_token else [])]):
@@ -123,7 +123,7 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
     token = ensure_token()
     # what model-written code in the python tool may never read, wherever it lies (the sandbox reads it)
     os.environ[SANDBOX_HIDE_ENV] = os.pathsep.join(sandbox_hidden_paths(cfg, out))
-    joins = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    joins = joins_cluster(cfg)
     if (loose := readable_token_file()) is not None:
         log.warning("%s", loose)
     runtime_env = {"env_vars": {ENGINE_TOKEN_ENV: token, SANDBOX_HIDE_ENV: os.environ[SANDBOX_HIDE_ENV]}} \
@@ -188,6 +188,11 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
         ray.shutdown()
         _report(out, summary)
     return summary["exit_code"]
+
+
+def joins_cluster(cfg: Config) -> bool:
+    """Whether the run joins a Ray cluster (ray.address, or RAY_ADDRESS) rather than starting its own instance."""
+    return bool(cfg.ray.address or os.environ.get("RAY_ADDRESS"))
 
 
 def sandbox_hidden_paths(cfg: Config, out: Path) -> list[str]:

@@ -11,7 +11,8 @@ It is started by `asyncrl.sandbox.runner` and is the only code that holds privil
 2. init (PID 1 of the new PID namespace, root of the new user namespace): builds the view — the host
    root bound read-only (recursively, nosuid), a fresh /proc of the new PID namespace, a minimal /dev,
    empty read-only tmpfs over /tmp /var/tmp /run /home /root /mnt /media /srv /dev/shm and the
-   configured `hide` paths (and `hide_files`, each covered by /dev/null), the interpreter's install tree bound back read-only where a mask hid it,
+   configured `hide` paths (and `hide_files`, each covered by /dev/null), the interpreter's install
+   tree bound back read-only where a mask hid it,
    and one size- and inode-capped tmpfs at /tmp/work, the only writable place — copies the episode's
    files in, pivots into the view and detaches the host root, makes itself non-dumpable, then forks
    the user program: unprivileged identity (uid 65534, or a nested user namespace mapping 65534 to the
