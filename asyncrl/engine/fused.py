@@ -45,6 +45,7 @@ class Segment:
     start: int  # the prompt's tokens in the flat row: [start, end)
     end: int
     rows: list[int] = field(default_factory=list)  # KV rows that take its K/V
+    index: torch.Tensor | None = None  # `rows` on the KV's device (made once per step: one write per layer)
 
 
 @dataclass(slots=True)
@@ -100,7 +101,11 @@ def slot_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=hkv != h)
         out[0, seg.start : seg.end] = o[0].transpose(0, 1)
         p = seg.end - seg.start
-        for r in seg.rows:
-            layer.kbuf[r, :, end_col - p : end_col] = k[0]
-            layer.vbuf[r, :, end_col - p : end_col] = v[0]
+        if len(seg.rows) == 1:
+            layer.kbuf[seg.rows[0], :, end_col - p : end_col] = k[0]
+            layer.vbuf[seg.rows[0], :, end_col - p : end_col] = v[0]
+        elif seg.rows:  # the samples of a group share the prompt: every row written by one indexed copy
+            index = seg.index if seg.index is not None else torch.tensor(seg.rows, device=k.device)
+            layer.kbuf[index, :, end_col - p : end_col] = k[0].unsqueeze(0).expand(len(seg.rows), -1, -1, -1)
+            layer.vbuf[index, :, end_col - p : end_col] = v[0].unsqueeze(0).expand(len(seg.rows), -1, -1, -1)
     return out, None

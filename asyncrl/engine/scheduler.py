@@ -338,7 +338,8 @@ class EngineCore:
                     rows.append(n + len(takers))
                     new_lengths.append(p)
                     takers.append(r)
-            segments.append(Segment(start, start + p, rows))
+            segments.append(Segment(start, start + p, rows,
+                                    torch.tensor(rows, device=self.device) if len(rows) > 1 else None))
             ids.extend(g[0].input_ids)
         col, mask = self.kv.begin_step(new_lengths, self._kv_like, self._n_layers)
         pos = [self.kv.real[:n]] + [torch.arange(s.end - s.start, device=self.device) for s in segments]
