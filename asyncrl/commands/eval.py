@@ -6,7 +6,9 @@ configured agent loop and engine, K samples each with seeds fixed by (--seed, ro
 env's reward (asyncrl/offline/scores.py: mean@K, pass@1, pass@K, tool-call rate, the reward's parts, per
 data source). Written to --out: episodes.jsonl (every episode, as it finishes) and summary.json; the summary
 is printed as one JSON line at the end. Exit 0; 1 when an episode failed (each counted as reward 0, and
-named); 2 for a mistake found before anything started (a bad MODEL, override or row).
+named); 2 for a mistake found before anything started (a bad MODEL, override or row). `--against EVAL_DIR`
+pairs this eval's episodes with an earlier one's (asyncrl/offline/paired.py) and adds the changed episodes
+and their sign test to the summary.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from asyncrl.config import ConfigError
 from asyncrl.metrics import StatusLine, eta_seconds, format_duration
+from asyncrl.offline.paired import against, read_episodes
 from asyncrl.offline.scores import summarize
 from asyncrl.util.stop_signals import interrupted, raise_if_stopping, stopping_on_signals
 
@@ -45,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=None,
                    help="episodes at once (default: engine.max_running_seqs)")
     p.add_argument("--out", default=None, help="output dir (default: outputs/eval/<UTC time>); must be empty")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the model, overrides, split and --against, print what would run, start nothing")
+    p.add_argument("--against", default=None, metavar="EVAL_DIR",
+                   help="an earlier eval's --out dir with the same split, -k, --seed and --limit: pair the episodes "
+                        "and report the changes with a sign test (asyncrl/offline/paired.py) in summary.json")
     return p
 
 
@@ -86,19 +94,26 @@ def main(args: argparse.Namespace) -> int:
         source = resolve_model_source(spec)
         cfg = compose_config(source, overrides)
         rows = load_split(cfg, a.split, a.limit)
+        baseline = read_episodes(a.against) if a.against else None
+        if a.dry_run:
+            print(json.dumps({"dry_run": True, "model": source.label, "model_dir": cfg.model.path or "(default model)",
+                              "env": cfg.env.name, "agent": cfg.agent.name, "split": a.split, "rows": len(rows),
+                              "k": a.k, "seed": a.seed, "against": a.against}))
+            return 0
         out = fresh_dir(a.out, "outputs/eval")
     except (ValueError, ConfigError, CheckpointPathError, OfflineError) as e:
         print(f"asyncrl eval: {e}", file=sys.stderr)
         return 2
     with stopping_on_signals() as got:
         try:
-            return run_eval(cfg, source, rows, out, a)
+            return run_eval(cfg, source, rows, out, a, baseline)
         except KeyboardInterrupt:
             return interrupted("asyncrl eval", got,
                                f"the episodes finished so far are in {out / 'episodes.jsonl'}; no summary was written")
 
 
-def run_eval(cfg: Any, source: Any, rows: list[tuple[int, dict]], out: Path, a: argparse.Namespace) -> int:
+def run_eval(cfg: Any, source: Any, rows: list[tuple[int, dict]], out: Path, a: argparse.Namespace,
+             baseline: list[dict[str, Any]] | None = None) -> int:
     # lazy: imports torch, which this module does not load otherwise
     from asyncrl.offline.session import agent_context, prepare_model, run_rows
 
@@ -128,6 +143,9 @@ def run_eval(cfg: Any, source: Any, rows: list[tuple[int, dict]], out: Path, a: 
                "agent": cfg.agent.name, "split": a.split, "k": a.k, "seed": a.seed, "threshold": a.threshold,
                "temperature": cfg.agent.sampling.temperature, "seconds": round(time.time() - t0, 1),
                **summarize(records, a.k, a.threshold)}
+    if baseline is not None:
+        summary["against"], said = against(baseline, records, a.threshold, str(a.against), source.label)
+        print(f"asyncrl eval: {said}", file=sys.stderr)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))
     print(f"episodes: {out / 'episodes.jsonl'}\nsummary: {out / 'summary.json'}", file=sys.stderr)
