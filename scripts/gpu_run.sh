@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
 # The GPU run of docs/benchmarks.md ("On one GPU"), on one machine with one CUDA GPU and asyncrl installed:
 #   bash scripts/gpu_run.sh OUT_DIR [key=value ...]
-# 1. `asyncrl train` on the default task (warm start, then GRPO), with GPU-sized batches and a wall-clock
-#    budget of MINUTES (default 4.5) minutes: the embedded engine serves bf16 and the learner computes in bf16
+# 0. the host's cost of one small CUDA op (where it is tens of microseconds, the host sets the engine's speed);
+# 1. `asyncrl bench engine` on the GPU at 16 and at 128 running rows (sampled at T = 1, one round each,
+#    against `model.generate` on static batches of the same size), if BENCH=1 (the default);
+# 2. `asyncrl train` on the default task (warm start, then GRPO), with GPU-sized batches and a wall-clock
+#    budget of MINUTES (default 4) minutes: the embedded engine serves bf16 and the learner computes in bf16
 #    on the GPU, weights go to the engine as CUDA tensors (transport auto: tensor when colocated);
-# 2. `asyncrl eval` of the trained final/ and of the base model on the held-out split (-k 4, seed 0);
-# 3. `asyncrl report` of the run (reward curve, summary.md);
-# 4. `asyncrl bench engine`, one round, if BENCH=1 (the default); `asyncrl bench e2e` needs no pretrained
-#    model and runs on its own (`asyncrl bench e2e --rounds 1`).
+# 3. `asyncrl eval` of the warm start and of the trained final/ on the held-out split (-k 4, seed 0), the
+#    second paired with the first (`--against`: the episodes RL moved up and down, and their sign test),
+#    and of the base model if EVAL_BASE=1 (the default; it scored 0.4% on the CPU);
+# 4. `asyncrl report` of the run (reward curve, summary.md).
 # Every stage runs under its own time limit and its output goes under OUT_DIR as it finishes, so a stage
 # that fails or runs out of time leaves the ones before it; the exit status is the first failed stage's.
 # Extra key=value arguments go to `asyncrl train` (e.g. trainer.weight_sync.transport=disk).
+# DRY_RUN=1 checks the wiring on any machine in seconds: `asyncrl train --dry-run` and `asyncrl eval
+# --dry-run` with the same arguments (config, preflight, model and dataset found), and prints the benches'
+# command lines; nothing is trained or generated (tests/core/test_gpu_script.py).
 set -uo pipefail
 OUT=${1:?usage: bash scripts/gpu_run.sh OUT_DIR [key=value ...]}
 shift
-MINUTES=${MINUTES:-4.5}
+MINUTES=${MINUTES:-4}
 BENCH=${BENCH:-1}
-EVAL_ARGS=${EVAL_ARGS:-}  # e.g. "--limit 4" for a quick check of this script on a CPU
+EVAL_BASE=${EVAL_BASE:-1}
+DRY_RUN=${DRY_RUN:-0}
+EVAL_ARGS=${EVAL_ARGS:-}  # e.g. "--limit 4"
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 RUN="$OUT/run"
@@ -33,24 +41,57 @@ stage() {  # stage NAME SECONDS CMD...: run CMD under a time limit, logging to O
     [ $rc -eq 0 ] || [ $status -ne 0 ] || status=$rc
     return $rc
 }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+bench() {  # bench NAME SECONDS ARGS...: a bench stage (printed, not run, under DRY_RUN)
+    local name=$1 limit=$2
+    shift 2
+    if [ "$DRY_RUN" = 1 ]; then echo "== $name (dry run): $PY -m asyncrl.cli bench engine $*"; return 0; fi
+    stage "$name" "$limit" "$PY" -m asyncrl.cli bench engine "$@"
+}
+dry=()
+[ "$DRY_RUN" = 1 ] && dry=(--dry-run)
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
 "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+echo "kernel $(uname -r), $(nproc) CPUs"
+# the host's cost of one small GPU op (launch + PyTorch's dispatch): a decode step of the 135M model is ~1,700 of
+# them on transformers' path, so where this is tens of microseconds the host, not the GPU, sets tokens/s
+[ "$DRY_RUN" = 1 ] || "$PY" -c "
+import time, torch
+if torch.cuda.is_available():
+    x = torch.zeros(16, device='cuda')
+    for n in (200, 2000):
+        torch.cuda.synchronize(); t = time.perf_counter()
+        for _ in range(n): x.add_(1)
+        torch.cuda.synchronize(); dt = time.perf_counter() - t
+    print(f'one small CUDA op: {dt / n * 1e6:.1f} us (2000 in-place adds, synchronized at the end)')
+"
+
+if [ "$BENCH" = 1 ]; then  # tokens/s at 16 and 128 rows; prompts of 32..256 tokens, one request in 8 long
+    bench bench_engine_16 180 --rounds 1 --batch 16 --requests 64 --max-new-tokens 256 --temperature 1.0 --skip-cb
+    bench bench_engine_128 240 --rounds 1 --batch 128 --requests 512 --max-new-tokens 256 --temperature 1.0 --skip-cb
+fi
 
 train_limit=$("$PY" -c "print(int(float('$MINUTES') * 60 + 150))")  # the budget, the last step, export, shutdown
-stage train "$train_limit" "$PY" -m asyncrl.cli train trainer.output_dir="$RUN" trainer.wandb=off trainer.progress=false \
-    trainer.max_minutes="$MINUTES" trainer.total_steps=1000 trainer.batch_groups=16 algorithm.n_samples=8 \
-    engine.max_running_seqs=128 engine.max_running_tokens=65536 trainer.rollout_workers=4 \
+stage train "$train_limit" "$PY" -m asyncrl.cli train "${dry[@]}" trainer.output_dir="$RUN" trainer.wandb=off \
+    trainer.progress=false trainer.max_minutes="$MINUTES" trainer.total_steps=1000 trainer.batch_groups=16 \
+    algorithm.n_samples=8 engine.max_running_seqs=128 engine.max_running_tokens=65536 trainer.rollout_workers=4 \
     trainer.episodes_per_worker=32 trainer.max_inflight_generations=128 "$@"
-if [ -f "$RUN/final/config.json" ]; then
-    stage eval_final 150 "$PY" -m asyncrl.cli eval "$RUN" -k 4 $EVAL_ARGS --out "$OUT/eval_final" engine.max_running_seqs=128
+if [ "$DRY_RUN" = 1 ]; then  # no run dir: the evals check themselves against the base model
+    stage eval_base 120 "$PY" -m asyncrl.cli eval --dry-run -k 4 $EVAL_ARGS --out "$OUT/eval_base" \
+        engine.max_running_seqs=128
+    exit $status
 fi
-stage eval_base 150 "$PY" -m asyncrl.cli eval -k 4 $EVAL_ARGS --out "$OUT/eval_base" engine.max_running_seqs=128
 if [ -f "$RUN/warm_start/final/config.json" ]; then
-    stage eval_warm_start 150 "$PY" -m asyncrl.cli eval "$RUN/warm_start/final" -k 4 $EVAL_ARGS --out "$OUT/eval_warm_start" \
+    stage eval_warm_start 150 "$PY" -m asyncrl.cli eval "$RUN/warm_start/final" -k 4 $EVAL_ARGS \
+        --out "$OUT/eval_warm_start" engine.max_running_seqs=128
+fi
+if [ -f "$RUN/final/config.json" ]; then
+    against=()
+    [ -f "$OUT/eval_warm_start/episodes.jsonl" ] && against=(--against "$OUT/eval_warm_start")
+    stage eval_final 150 "$PY" -m asyncrl.cli eval "$RUN" -k 4 $EVAL_ARGS "${against[@]}" --out "$OUT/eval_final" \
         engine.max_running_seqs=128
 fi
 [ -f "$RUN/metrics.jsonl" ] && stage report 120 "$PY" -m asyncrl.cli report "$RUN"
-if [ "$BENCH" = 1 ]; then
-    stage bench_engine 240 "$PY" -m asyncrl.cli bench engine --rounds 1
+if [ "$EVAL_BASE" = 1 ]; then
+    stage eval_base 150 "$PY" -m asyncrl.cli eval -k 4 $EVAL_ARGS --out "$OUT/eval_base" engine.max_running_seqs=128
 fi
 exit $status
