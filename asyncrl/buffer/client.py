@@ -79,7 +79,6 @@ class AsyncBufferProducer:
     def __init__(self, endpoint: str | BufferEndpoint, *, timeout_s: float = 10.0, retries: int = 20):
         self._endpoint = _endpoint(endpoint)
         self.address, self.timeout_s, self.retries = self._endpoint.address, timeout_s, retries
-        self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._waiting: dict[bytes, tuple[float, list[asyncio.Future], bool]] = {}  # req_id -> (t, futs, is_puts)
         self._outbox: list[tuple[bytes, asyncio.Future]] = []
@@ -94,8 +93,7 @@ class AsyncBufferProducer:
 
     def _ensure(self) -> None:
         if self._sock is None:
-            self._ctx = zmq.asyncio.Context()
-            s = self._ctx.socket(zmq.DEALER)
+            s = zmq.asyncio.Context.instance().socket(zmq.DEALER)  # shared: see `BufferConsumer`
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.SNDHWM, 10_000)
             _curve(s, self._endpoint)
@@ -248,8 +246,7 @@ class AsyncBufferProducer:
         self._waiting.clear()
         if self._sock is not None:
             self._sock.close(linger=0)
-            self._ctx.term()
-            self._sock = self._ctx = None
+            self._sock = None
 
 
 class BufferConsumer:
@@ -261,8 +258,12 @@ class BufferConsumer:
     def __init__(self, endpoint: str | BufferEndpoint, *, timeout_s: float = 10.0):
         ep = _endpoint(endpoint)
         self.address, self.timeout_s = ep.address, timeout_s
-        self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
+        # The process's one shared context, never a context of its own: a client dropped without close()
+        # can end in a reference cycle, and the garbage collector clears the weak references by which a
+        # context finds its sockets before the context's __del__ runs its term(), which then waits forever
+        # for sockets it can no longer close (it hung a later test in the collector). The shared instance
+        # is never collected; a client closes only its socket (linger 0).
+        self._sock = zmq.Context.instance().socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))  # never block forever on a send
         _curve(self._sock, ep)
@@ -340,4 +341,3 @@ class BufferConsumer:
 
     def close(self) -> None:
         self._sock.close(linger=0)
-        self._ctx.term()
