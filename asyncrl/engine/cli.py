@@ -62,6 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     s.add_argument("--exit-with-parent", type=int, default=None, metavar="PID",
                    help="exit when process PID is no longer this server's parent (the launcher passes its pid)")
+    s.add_argument("--scratch-dir", default=None, metavar="DIR",
+                   help="the launcher's temporary dir, removed when the server exits because its parent is gone")
     s.add_argument("--weights-dir", action="append", default=[], metavar="DIR",
                    help="/update_weights_from_disk may load from below DIR (repeatable; --model-path always)")
 
@@ -79,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         serve(args.model_path, settings, port=args.port, weight_version=args.weight_version,
               port_file=args.port_file, threads=args.threads, exit_with_parent=args.exit_with_parent,
-              weights_dirs=args.weights_dir)
+              weights_dirs=args.weights_dir, scratch_dir=args.scratch_dir)
     except TokenError as e:
         print(f"asyncrl engine: {e}", file=sys.stderr, flush=True)
         return 2

@@ -219,6 +219,9 @@ def launch_embedded(
         cmd += ["--threads", str(threads)]
     for d in weights_dirs:
         cmd += ["--weights-dir", str(d)]
+    scratch = work if log_dir is None else None  # a temp dir of ours: removed by whoever outlives the other
+    if scratch is not None:
+        cmd += ["--scratch-dir", str(scratch)]
     proc = _spawn(cmd, log_path, {**(extra_env or {}), **token_env})
 
     def url_of() -> str | None:
@@ -227,8 +230,13 @@ def launch_embedded(
         return None
 
     timeout_s = engine.launch_timeout_s if startup_timeout_s is None else startup_timeout_s
-    url = _wait(proc, url_of, timeout_s, f"embedded engine (pid {proc.pid})", log_path)
-    return EngineProcess(url, proc, log_path, scratch=work if log_dir is None else None)
+    try:
+        url = _wait(proc, url_of, timeout_s, f"embedded engine (pid {proc.pid})", log_path)
+    except EngineLaunchError:
+        if scratch is not None:  # the error carries the log's tail; the temp dir would only be litter
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return EngineProcess(url, proc, log_path, scratch=scratch)
 
 
 def sglang_command(model_dir: str | Path, engine: EngineConfig, port: int, *, weight_version: int = 0,

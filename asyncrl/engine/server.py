@@ -28,6 +28,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -186,13 +187,17 @@ def create_app(core: EngineCore, model_path: str = "", on_ready: Any | None = No
     return app
 
 
-def watch_parent(parent_pid: int, period_s: float = 1.0) -> threading.Thread:
-    """A daemon thread that ends this process (exit code 3) when it is re-parented away from `parent_pid`."""
+def watch_parent(parent_pid: int, period_s: float = 1.0, scratch_dir: str | None = None) -> threading.Thread:
+    """A daemon thread that ends this process (exit code 3) when it is re-parented away from `parent_pid`,
+    removing `scratch_dir` first (the launcher's temporary dir of port file and log, which nobody reads once
+    the launcher is gone)."""
 
     def run() -> None:
         while os.getppid() == parent_pid:
             time.sleep(period_s)
         print(f"asyncrl engine: parent {parent_pid} is gone; exiting", file=sys.stderr, flush=True)
+        if scratch_dir:
+            shutil.rmtree(scratch_dir, ignore_errors=True)
         os._exit(3)
 
     t = threading.Thread(target=run, name="watch-parent", daemon=True)
@@ -210,6 +215,7 @@ def serve(
     threads: int | None = None,
     exit_with_parent: int | None = None,
     weights_dirs: list[str] | None = None,
+    scratch_dir: str | None = None,
 ) -> None:
     """Load the model, bind, announce the port (port_file and a stdout line), serve until killed.
 
@@ -218,7 +224,8 @@ def serve(
     resolved here, and the scheduler's max_running_seqs and max_running_tokens.
 
     With `exit_with_parent=PID` the server exits once PID is no longer its parent, so an engine
-    whose launcher was SIGKILLed (a crashed Ray actor) does not live on holding memory and a port.
+    whose launcher was SIGKILLed (a crashed Ray actor) does not live on holding memory and a port;
+    `scratch_dir` (the launcher's temporary dir) is removed then.
     The token comes from ASYNCRL_ENGINE_TOKEN (never argv); a non-loopback `host` without one is
     refused before anything loads.
     """
@@ -230,7 +237,7 @@ def serve(
         print("asyncrl engine: ASYNCRL_ENGINE_TOKEN is not set: generation only, control routes closed (403)",
               file=sys.stderr, flush=True)
     if exit_with_parent is not None:
-        watch_parent(exit_with_parent)
+        watch_parent(exit_with_parent, scratch_dir=scratch_dir)
     if threads:
         torch.set_num_threads(threads)
     device = settings.device or default_device()

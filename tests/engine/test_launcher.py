@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import stat
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -44,13 +45,19 @@ def test_launch_port_zero_health_and_stop_frees_port(engine_model_dir):
 
 
 @pytest.mark.timeout(60)
-def test_launch_failures_are_loud(tmp_path):
+def test_launch_failures_are_loud_and_leave_no_temp_dir(tmp_path, monkeypatch):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where the launcher's scratch dir goes
+    model = tmp_path / "model"
+    model.mkdir()
     with pytest.raises(EngineLaunchError, match="not a Hugging Face checkpoint"):
-        launch_embedded(tmp_path)
-    (tmp_path / "config.json").write_text("{}")  # a checkpoint that cannot load: the process exits
+        launch_embedded(model)
+    (model / "config.json").write_text("{}")  # a checkpoint that cannot load: the process exits
     with pytest.raises(EngineLaunchError, match="exited with code") as e:
-        launch_embedded(tmp_path, startup_timeout_s=60)
-    assert "server.log" in str(e.value)
+        launch_embedded(model, startup_timeout_s=60)
+    assert "server.log" in str(e.value) and "model_type" in str(e.value)  # the log's tail is in the error
+    assert list(temp.iterdir()) == []  # the scratch dir of port file and log went with the failed launch
 
 
 def test_sglang_command_flags():
@@ -114,9 +121,9 @@ def test_engine_exits_when_its_launcher_is_killed(engine_model_dir):
 
     script = ("import sys, time\nfrom asyncrl.engine.launcher import launch_embedded\n"
               f"p = launch_embedded({str(engine_model_dir)!r}, threads=1, startup_timeout_s=120)\n"
-              "print(p.pid, p.url, flush=True)\ntime.sleep(600)\n")
+              "print(p.pid, p.url, p.log_path, flush=True)\ntime.sleep(600)\n")
     launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    engine_pid, url = launcher.stdout.readline().split()
+    engine_pid, url, log_path = launcher.stdout.readline().split()
     engine_pid = int(engine_pid)
     assert httpx.get(url + "/health").status_code == 200
     os.kill(launcher.pid, signal.SIGKILL)
@@ -136,6 +143,8 @@ def test_engine_exits_when_its_launcher_is_killed(engine_model_dir):
         pytest.fail(f"engine pid {engine_pid} outlived its SIGKILLed launcher by 30 s")
     with pytest.raises(httpx.HTTPError):
         httpx.get(url + "/health", timeout=2)
+    scratch = os.path.dirname(log_path)  # the launcher's temp dir (port file, log): the orphan removed it
+    assert os.path.basename(scratch).startswith("asyncrl-engine-") and not os.path.exists(scratch)
 
 
 @pytest.mark.timeout(180)
