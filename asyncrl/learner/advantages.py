@@ -166,24 +166,34 @@ def turn_credit_advantages(estimator: str, final_rewards, group_ids, placed: Seq
     if not (len(placed) == len(lengths) == r.numel()):
         raise ValueError(f"turn_credit_advantages: {r.numel()} rewards, {len(placed)} reward lists, "
                          f"{len(lengths)} lengths")
-    totals = r + torch.tensor([sum(float(x) for _, x in pl) for pl in placed], dtype=torch.float64)
+    # Huge rewards (beyond HUGE_REWARD) are worked on as fractions of the largest, as the estimators do: a
+    # std-normalized advantage does not depend on the scale, the others are scaled back (s = 1 otherwise:
+    # bit-identical to the plain formula). Their sum and its squares then never overflow float64.
+    turn = torch.tensor([float(x) for pl in placed for _, x in pl], dtype=torch.float64)
+    if not torch.isfinite(turn).all():
+        raise ValueError(f"turn rewards must be finite, got {turn[~torch.isfinite(turn)][:4].tolist()}")
+    s = max(_scale(r), _scale(turn))
+    placed = [[(p, float(x) / s) for p, x in pl] for pl in placed]
+    totals = r / s + torch.tensor([sum(x for _, x in pl) for pl in placed], dtype=torch.float64)
+    normalized = estimator in ("grpo", "reinforce_pp") and (estimator != "grpo" or getattr(cfg, "norm_adv_by_std", True))
+    unit = 1.0 if normalized else s
     adv = compute_advantages(estimator, totals, g, cfg).double()
-    if estimator in ("grpo", "reinforce_pp") and (estimator != "grpo" or getattr(cfg, "norm_adv_by_std", True)):
+    if normalized:
         if estimator == "grpo":
             n, _, std, flat = _group_stats(totals, g)
             degenerate = flat | (n < 2)
         else:
             std = totals.std().expand_as(totals) if totals.numel() > 1 else torch.zeros_like(totals)
             degenerate = (totals == totals[0]).all().expand_as(totals) if totals.numel() else totals.bool()
-        scale = 1.0 / (std + EPS)
+        scale = 1.0 / (std + EPS)  # on the scaled totals, as compute_advantages divided them
     else:
         n, _, _, flat = _group_stats(totals, g)
         degenerate, scale = flat | (n < 2), torch.ones_like(totals)
     per_token = []
     for i, (pl, length) in enumerate(zip(placed, lengths)):
-        a = adv[i] - scale[i] * earned_before(int(length), pl)
-        per_token.append(torch.zeros(int(length)) if bool(degenerate[i]) else a.float())
-    return adv.float(), per_token
+        a = (adv[i] - scale[i] * earned_before(int(length), pl)) * unit
+        per_token.append(torch.zeros(int(length)) if bool(degenerate[i]) else _checked(a, r, estimator))
+    return _checked(adv * unit, r, estimator), per_token
 
 
 # ----------------------------------------------------------------------------- the registered estimators

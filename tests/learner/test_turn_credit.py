@@ -7,6 +7,7 @@ import math
 
 import msgspec
 import pytest
+import torch
 
 from asyncrl.config import AlgorithmConfig, ConfigError
 from asyncrl.data.schema import NonFiniteRewardError, SchemaError, Trajectory, make_trajectory
@@ -46,6 +47,26 @@ def test_rloo_and_drgrpo_turn_credit_hand_values():
     # Dr. GRPO: G - mean_g G with mean 1
     _, per_token = turn_credit_advantages("drgrpo", [1.0, 0.0, 1.0], [0, 0, 0], placed, [3, 2, 2])
     assert per_token[0].tolist() == pytest.approx([1.0, 0.0, 0.0]) and per_token[1].tolist() == pytest.approx([-1, -1])
+
+
+def test_huge_finite_rewards_give_the_same_normalized_credit_and_never_overflow():
+    """env.reward.max_abs may be any finite number: rewards near 1e300 (and turn rewards beside them, whose sums
+    and squares overflow float64 in the plain formula) give exactly the credit of the same rewards scaled down,
+    for the std-normalized estimators; the others' advantages cannot be float32 and are refused, naming the
+    bound to set, never returned as inf or NaN."""
+    placed = [[(1, 1.0)], [], [(0, -0.5)], []]
+    finals = [0.0, 1.0, 0.25, -1.0]
+    for est in ("grpo", "reinforce_pp"):
+        small_adv, small_tok = turn_credit_advantages(est, finals, [0, 0, 0, 0], placed, [3, 2, 2, 3])
+        big = [[(p, x * 1e300) for p, x in pl] for pl in placed]
+        adv, tok = turn_credit_advantages(est, [x * 1e300 for x in finals], [0, 0, 0, 0], big, [3, 2, 2, 3])
+        assert torch.isfinite(adv).all() and all(torch.isfinite(t).all() for t in tok)
+        assert adv.tolist() == pytest.approx(small_adv.tolist(), rel=1e-5)
+        assert [t.tolist() for t in tok] == [pytest.approx(t.tolist(), rel=1e-5, abs=1e-6) for t in small_tok]
+    with pytest.raises(ValueError, match=r"do not fit float32.*env.reward.max_abs"):
+        turn_credit_advantages("drgrpo", [1.7e308, -1.7e308], [0, 0], [[(0, 1.7e308)], []], [2, 2])
+    with pytest.raises(ValueError, match="turn rewards must be finite"):
+        turn_credit_advantages("grpo", [0.0, 1.0], [0, 0], [[(0, float("inf"))], []], [2, 2])
 
 
 def test_a_group_with_equal_totals_carries_no_signal_however_its_rewards_were_placed():
