@@ -50,7 +50,7 @@ bench() {  # bench NAME SECONDS ARGS...: a bench stage (printed, not run, under 
 dry=()
 [ "$DRY_RUN" = 1 ] && dry=(--dry-run)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
-"$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+[ "$DRY_RUN" = 1 ] || "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
 echo "kernel $(uname -r), $(nproc) CPUs"
 # the host's cost of one small GPU op (launch + PyTorch's dispatch): a decode step of the 135M model is ~1,700 of
 # them on transformers' path, so where this is tens of microseconds the host, not the GPU, sets tokens/s
