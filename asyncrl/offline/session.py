@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -26,6 +26,7 @@ from asyncrl.engine.client import EngineClient
 from asyncrl.engine.launcher import launch_configured
 from asyncrl.models import load_tokenizer, resolve_model_dir
 from asyncrl.offline.checkpoints import ModelSource
+from asyncrl.sandbox.runner import hide_job_paths
 from asyncrl.util.cpus import available_cpus
 from asyncrl.util.net import free_port
 
@@ -64,8 +65,10 @@ def prepare_model(cfg: Config, source: ModelSource, work_dir: Path, say: Callabl
 
 
 @contextlib.contextmanager
-def agent_context(cfg: Config, work_dir: Path, say: Callable[[str], None]) -> Iterator[Any]:
-    """Yields an AgentContext whose engine serves `cfg.model`, with the env's services running."""
+def agent_context(cfg: Config, work_dir: Path, say: Callable[[str], None], hide: Sequence[str | Path] = ()
+                  ) -> Iterator[Any]:
+    """Yields an AgentContext whose engine serves `cfg.model`, with the env's services running; the
+    sandbox hides `work_dir`, `hide` and the job's files from every program it runs (`hide_job_paths`)."""
     # lazy: imports omegaconf, pyarrow, which this module does not load otherwise
     from asyncrl.agents.base import AgentContext
 
@@ -73,6 +76,9 @@ def agent_context(cfg: Config, work_dir: Path, say: Callable[[str], None]) -> It
     from asyncrl.envs.base import resolve_env
 
     registry.load_all(cfg.plugins)
+    # what model-written code in the python tool may never read: the job's output (episodes with their
+    # rewards and answers), the data and reward files, and any dirs the caller names (eval's --against)
+    hide_job_paths(cfg, work_dir, *hide)
     env = resolve_env(cfg.env.name)
     model_dir = str(resolve_model_dir(cfg.model))
     with env.services(cfg.env) as tool_overrides:

@@ -55,6 +55,7 @@ from asyncrl.run_dir import (
     run_dir,
 )
 from asyncrl.sandbox.runner import HIDE_ENV as SANDBOX_HIDE_ENV
+from asyncrl.sandbox.runner import hide_job_paths
 from asyncrl.secrets import shown_config, withhold_env
 from asyncrl.sft.warm_start import WarmStartError, run_warm_start
 from asyncrl.util.auth import ENV as ENGINE_TOKEN_ENV
@@ -122,11 +123,11 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
     # through the job's runtime_env (never argv, the config or a log line)
     token = ensure_token()
     # what model-written code in the python tool may never read, wherever it lies (the sandbox reads it)
-    os.environ[SANDBOX_HIDE_ENV] = os.pathsep.join(sandbox_hidden_paths(cfg, out))
+    hidden = hide_job_paths(cfg, out)
     joins = joins_cluster(cfg)
     if (loose := readable_token_file()) is not None:
         log.warning("%s", loose)
-    runtime_env = {"env_vars": {ENGINE_TOKEN_ENV: token, SANDBOX_HIDE_ENV: os.environ[SANDBOX_HIDE_ENV]}} \
+    runtime_env = {"env_vars": {ENGINE_TOKEN_ENV: token, SANDBOX_HIDE_ENV: hidden}} \
         if joins else None
     registry.load_all(cfg.plugins)
 
@@ -193,16 +194,6 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
 def joins_cluster(cfg: Config) -> bool:
     """Whether the run joins a Ray cluster (ray.address, or RAY_ADDRESS) rather than starting its own instance."""
     return bool(cfg.ray.address or os.environ.get("RAY_ADDRESS"))
-
-
-def sandbox_hidden_paths(cfg: Config, out: Path) -> list[str]:
-    """The run's own paths that no sandboxed program may read (asyncrl/sandbox/runner.py HIDE_ENV): its
-    output dir (config, trajectories with their rewards, checkpoints), the buffer's WAL and CURVE keys, the
-    weight-sync dir, and the files the user gave it: data (answers included), tool YAML and reward code.
-    Absolute; a path not there yet is kept (the sandbox skips what does not exist when a program runs)."""
-    given = [cfg.buffer.wal_dir, cfg.buffer.keys_dir, cfg.trainer.weight_sync.disk_dir, cfg.env.train_file,
-             cfg.env.val_file, cfg.env.tools_config, cfg.env.reward.path]
-    return sorted({str(out.resolve()), *(str(Path(p).expanduser().resolve()) for p in given if p)})
 
 
 def _warm_start(cfg: Config, env: Any, rows: Any, out: Path, start: RunStart,

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 NSINIT = Path(__file__).with_name("nsinit.py")
 SETUP_FAILED = 97
@@ -29,10 +29,26 @@ SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHO
                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-# The host paths a run keeps from every sandboxed program, os.pathsep-joined: `asyncrl train` sets it for the
-# processes it starts (its output dir, the buffer's WAL and keys, its data files, ...: see
-# asyncrl/run/controller.py `sandbox_hidden_paths`), so a tool needs no config to hide them.
+# The host paths a job keeps from every sandboxed program, os.pathsep-joined: `asyncrl train`, `eval` and
+# `generate` set it for themselves and the processes they start (`job_paths`: their output dir, the buffer's
+# WAL and keys, the data files, ...), so a tool needs no config to hide them.
 HIDE_ENV = "ASYNCRL_SANDBOX_HIDE"
+
+
+def job_paths(cfg: Any, *dirs: str | Path | None) -> list[str]:
+    """The paths of a job that no sandboxed program may read: `dirs` (its output dir: config, trajectories
+    or episodes with their rewards, checkpoints), the buffer's WAL and CURVE keys, the weight-sync dir, and
+    the files the user gave it: data (answers included), tool YAML and reward code. Absolute; a path not
+    there yet is kept (the sandbox skips what does not exist when a program runs). `cfg`: the job's Config."""
+    given = [cfg.buffer.wal_dir, cfg.buffer.keys_dir, cfg.trainer.weight_sync.disk_dir, cfg.env.train_file,
+             cfg.env.val_file, cfg.env.tools_config, cfg.env.reward.path, *dirs]
+    return sorted({str(Path(p).expanduser().resolve()) for p in given if p})
+
+
+def hide_job_paths(cfg: Any, *dirs: str | Path | None) -> str:
+    """Set HIDE_ENV in this process's environment (inherited by what it starts) to `job_paths`; returns it."""
+    os.environ[HIDE_ENV] = os.pathsep.join(job_paths(cfg, *dirs))
+    return os.environ[HIDE_ENV]
 
 
 def hidden_by_run() -> tuple[list[str], list[str]]:

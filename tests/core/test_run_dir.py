@@ -236,12 +236,12 @@ def test_the_runs_sandbox_hidden_paths_are_its_dirs_and_the_users_files(tmp_path
     buffer's WAL and keys, the weight-sync dir, and the data, tool YAML and reward files it was given,
     absolute, each once."""
     from asyncrl.config import load_config
-    from asyncrl.run.controller import sandbox_hidden_paths
+    from asyncrl.sandbox.runner import job_paths
 
     cfg = load_config(["buffer.keys_dir=keys", f"buffer.wal_dir={tmp_path}/wal", "env.train_file=data/train.parquet",
                        "env.reward.path=rewards.py", "env.reward.name=score", f"trainer.output_dir={tmp_path}/out"])
     out = tmp_path / "out"
-    paths = sandbox_hidden_paths(cfg, out)
+    paths = job_paths(cfg, out)
     cwd = Path.cwd().resolve()
     assert paths == sorted({str(out), f"{tmp_path}/wal", str(cwd / "keys"), str(cwd / "data/train.parquet"),
                             str(cwd / "rewards.py")})

@@ -184,7 +184,7 @@ async def test_configured_paths_are_hidden():
 
 async def test_the_runs_own_paths_are_hidden_wherever_they_lie(monkeypatch):
     """`asyncrl train` names its own paths in ASYNCRL_SANDBOX_HIDE (its output dir, the buffer's WAL and keys,
-    its data files, ...: controller.sandbox_hidden_paths): a directory among them is covered whole, a file
+    its data files, ...: asyncrl/sandbox/runner.py job_paths): a directory among them is covered whole, a file
     alone reads empty while the files beside it stay visible, a missing path is skipped; no tool config
     is needed. (Issue 36: with the output dir outside /tmp, /home and the cwd, model-written code read the
     run's config, every episode's trajectories and rewards, and the WAL.)"""
@@ -210,6 +210,36 @@ async def test_the_runs_own_paths_are_hidden_wherever_they_lie(monkeypatch):
     finally:
         shutil.rmtree(out)
         shutil.rmtree(data)
+
+
+async def test_eval_and_generate_hide_their_output_and_the_baseline_they_compare_to(monkeypatch, tiny_model_dir):
+    """`asyncrl eval` and `asyncrl generate` run the agent loop in their own process (asyncrl/offline/session.py
+    agent_context): the sandbox hides their output dir (episodes with rewards and answers) and the dirs they are
+    given to read (eval's --against) as a run's, wherever they lie. (Issue 36: only `asyncrl train` set them.)"""
+    from asyncrl.config import load_config
+    from asyncrl.offline.session import agent_context
+
+    secret = f"eval-secret-{uuid.uuid4().hex}"
+    out = Path(tempfile.mkdtemp(dir=REPO / ".venv", prefix="eval-out-"))
+    base = Path(tempfile.mkdtemp(dir=REPO / ".venv", prefix="eval-base-"))
+    monkeypatch.setenv(runner.HIDE_ENV, "")  # restored after the test: the context sets it for its process
+    try:
+        for d in (out, base):
+            d.chmod(0o755)  # readable by anyone: only the masks can keep them from the program
+            (d / "episodes.jsonl").write_text(secret)
+        # engine.urls: the context attaches to an engine instead of launching one (none is called here)
+        cfg = load_config(["model=custom", f"model.path={tiny_model_dir}", "engine.urls=[http://127.0.0.1:9]"])
+        code = "\n".join(f"print(os.path.exists({str(d / 'episodes.jsonl')!r}))" for d in (out, base))
+        with agent_context(cfg, out, lambda text: None, [base]):
+            t = PythonTool(CFG)
+            try:
+                text, _, _ = await t.execute("ep", {"code": "import os\n" + code})
+            finally:
+                await t.release("ep")
+        assert text.startswith("False\nFalse") and secret not in text, text
+    finally:
+        shutil.rmtree(out)
+        shutil.rmtree(base)
 
 
 async def test_the_workers_cwd_is_hidden(monkeypatch):
