@@ -122,7 +122,8 @@ def run_eval(cfg: Any, source: Any, rows: list[tuple[int, dict]], out: Path, a: 
     records: list[dict[str, Any]] = []
     total = len(rows) * a.k
     t0 = time.time()
-    with open(out / "episodes.jsonl", "w") as f, agent_context(cfg, out, line.status, [a.against] if a.against else []) as ctx:
+    hidden = [a.against] if a.against else []  # the baseline's episodes, answers included: kept from the sandbox
+    with open(out / "episodes.jsonl", "w") as f, agent_context(cfg, out, line.status, hidden) as ctx:
         def on_row(i: int, results: list) -> None:
             raise_if_stopping()  # a signal whose KeyboardInterrupt a finalizer swallowed
             for r in results:
