@@ -480,6 +480,12 @@ class AlgorithmConfig:
     epochs: int = setting(1, "passes over each batch")
     minibatches: int = setting(1, "optimizer steps per pass")
     micro_batch_tokens: int = setting(4096, "token budget of one forward/backward")
+    logits_chunk_tokens: int = setting(
+        256,
+        "the output head and log-softmax run on this many kept tokens at a time, each chunk recomputed in the "
+        "backward pass: the learner's peak holds one chunk's full-vocabulary logits, not the micro-batch's "
+        "(asyncrl/learner/head.py); 0: the whole micro-batch at once",
+    )
     packing: bool = setting(
         True,
         "micro-batches pack sequences into rows (first fit, lengths summing "
@@ -524,6 +530,7 @@ class AlgorithmConfig:
         _check(len(self.betas) == 2, "algorithm.betas", f"must hold 2 values, got {self.betas}")
         _check(self.minibatches >= 1 and self.epochs >= 1, "algorithm.epochs/minibatches", "must be >= 1")
         _at_least(self, "algorithm", 1, "micro_batch_tokens")
+        _at_least(self, "algorithm", 0, "logits_chunk_tokens")
         _at_least(self, "algorithm", 0, "warmup_steps")
         _positive(self, "algorithm", "grad_clip")
         _check(0 <= self.min_lr_ratio <= 1, "algorithm.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
@@ -595,6 +602,12 @@ class TrainerConfig:
         2, "re-issues of a prompt whose group the buffer dropped unserved; then skipped")
     stall_timeout_s: float = setting(
         1800.0, "watchdog: stop (exit 4) when no step was trained for this long; 0: off")
+    memory_stop_fraction: float = setting(
+        0.9,
+        "stop (exit 4), naming the process and what it held, when the machine's memory (a container's limit "
+        "where set) is this full: checked by the driver while it waits and by the learner before each "
+        "micro-batch, before Ray's memory monitor (0.95) kills workers without a word of why; 1: never",
+    )
     max_failed_episode_fraction: float = setting(
         0.9, "watchdog: stop (exit 4) when more of the recent episodes failed")
     failed_episode_window: int = setting(
@@ -607,6 +620,8 @@ class TrainerConfig:
     )
 
     def __post_init__(self) -> None:
+        _check(0 < self.memory_stop_fraction <= 1, "trainer.memory_stop_fraction",
+               f"must be in (0, 1], got {self.memory_stop_fraction}")
         _check(self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}")
         _check(math.isfinite(self.max_minutes) and self.max_minutes >= 0, "trainer.max_minutes",
                f"must be a finite number of minutes >= 0 (0: no budget), got {self.max_minutes}")

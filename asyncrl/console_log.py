@@ -20,6 +20,8 @@ from typing import IO, Optional
 from asyncrl.run_dir import RunLayout
 from asyncrl.secrets import REDACTED, is_secret
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # `asyncrl train`'s log lines, in every process
+
 
 class _Tee:
     """A text stream writing to `stream` and, redacted, to `log`."""
@@ -53,15 +55,17 @@ class ConsoleLog:
     """`with ConsoleLog(run_dir, secret_values):` tees sys.stdout and sys.stderr (and the logging handlers
     that write to them) into run_dir/train.log for the duration of the block."""
 
-    def __init__(self, run_dir: Path, secret_values: list[str]):
+    def __init__(self, run_dir: Path, secret_values: list[str], banner: Optional[str] = "asyncrl train started"):
         self.path = RunLayout(Path(run_dir)).train_log
+        self.banner = banner  # the line that opens this block's part of the record (None: none)
         self.secrets = [s for s in secret_values if s]
         self._file: Optional[IO[str]] = None
         self._saved: list[tuple[logging.StreamHandler, IO[str]]] = []
 
     def __enter__(self) -> ConsoleLog:
         self._file = open(self.path, "a", encoding="utf-8", errors="replace", buffering=1)
-        self._file.write(f"==== asyncrl train started {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n")
+        if self.banner:
+            self._file.write(f"==== {self.banner} {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n")
         self._out, self._err = sys.stdout, sys.stderr
         sys.stdout = _Tee(self._out, self._file, self.secrets)  # type: ignore[assignment]
         sys.stderr = _Tee(self._err, self._file, self.secrets)  # type: ignore[assignment]

@@ -57,6 +57,7 @@ class RolloutState(msgspec.Struct, frozen=True, kw_only=True):
     recent_episodes: int = 0  # outcomes in the worker's window of its last episodes (trainer.failed_episode_window)
     recent_failed: int = 0  # ... of which failed
     errors: list[EpisodeError] = []  # failed episodes' last error, by message, most frequent first (bounded)
+    rss_gb: float = 0.0  # the worker process's resident memory when it reported
 
 
 class JobState(msgspec.Struct, frozen=True, kw_only=True):

@@ -461,7 +461,7 @@ def build_micro_batch(seqs: Sequence[SeqSpec], seq_index: Sequence[int], packing
     return MicroBatch(list(seq_index), ids, pos, attn, keep, tgt, row, col, sum(lengths), max_resp)
 
 
-def _supports_2d_logits_to_keep() -> bool:
+def supports_2d_logits_to_keep() -> bool:
     """Newer transformers (slice_logits_to_keep) accept a boolean [rows, L] logits_to_keep; older ones only ints/1D."""
     # Local: transformers.modeling_utils takes seconds to import, and the planning half of this module
     # (and asyncrl.learner's math) stays torch-only; only a model forward asks this.
@@ -480,7 +480,7 @@ def kept_logits(model, mb: MicroBatch, device="cpu") -> torch.Tensor:
     kw = dict(input_ids=mb.input_ids.to(device), position_ids=mb.position_ids.to(device),
               attention_mask=mask_argument(mb, model, device), use_cache=False)
     keep = mb.keep.to(device)
-    if _supports_2d_logits_to_keep():
+    if supports_2d_logits_to_keep():
         logits = model(**kw, logits_to_keep=keep).logits
         return logits.reshape(-1, logits.shape[-1])
     pos = keep.any(0).nonzero().flatten()

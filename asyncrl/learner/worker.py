@@ -52,8 +52,9 @@ from asyncrl.learner.distributed import (
     shard_fsdp2,
 )
 from asyncrl.learner.gae import gae, place_rewards, whiten
+from asyncrl.learner.head import ChunkedHead
 from asyncrl.learner.importance import importance_weights
-from asyncrl.learner.logprobs import effective_temperature, logprobs_and_entropy
+from asyncrl.learner.logprobs import effective_temperature
 from asyncrl.learner.lora import apply_lora, lora_scaling, merge_state_dict, merged_named_params
 from asyncrl.learner.losses import check_off_policy_correction, kl_penalty, policy_loss, resolve_loss
 from asyncrl.learner.packing import (
@@ -61,13 +62,13 @@ from asyncrl.learner.packing import (
     MicroBatch,
     SeqSpec,
     attn_implementation,
-    kept_logits,
     scatter_rows,
     specs_of,
 )
 from asyncrl.models import Precision, compute_context, load_model, load_tokenizer, pad_token_id, precision
 from asyncrl.secrets import shown_config
 from asyncrl.util.cpus import native_bf16
+from asyncrl.util.memory import MemoryBudgetExceeded, check_machine_memory, machine_used, peak_gb, reset_peak
 from asyncrl.weight_sync.bucketing import iter_buckets
 
 
@@ -131,6 +132,9 @@ class LearnerWorker:
                         "computes in fp32")
         tok = load_tokenizer(cfg.model)
         self.pad_id = pad_token_id(tok)
+        # the head and log-softmax a chunk of tokens at a time: the peak holds one chunk's logits, not the
+        # micro-batch's (asyncrl/learner/head.py); each model is checked by `_build`
+        self.head = ChunkedHead(self.algo.logits_chunk_tokens)
         self.model = self._build(self.precision.weights, trainable=True)
         # the samples of one prompt scored as one tree (asyncrl/learner/packing.py) where the attention allows
         self.layout = Layout.for_model(self.algo, self.model, self.pad_id)
@@ -172,6 +176,7 @@ class LearnerWorker:
         else:
             model.eval()
             model.requires_grad_(False)
+        self.head.check(model, self.device, self.pad_id)  # before sharding: a local forward on each rank
         self.shard(model, self.precision)
         return model
 
@@ -182,10 +187,11 @@ class LearnerWorker:
     def _autocast(self):
         return compute_context(self.precision, self.device)
 
-    def _logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-        """Logits [K, V] of the kept positions of `mb` (row-major order of mb.keep)."""
+    def _scores(self, model: torch.nn.Module, mb: MicroBatch,
+                with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logprob [K], entropy [K] or None) of the kept positions of `mb` (row-major order of mb.keep)."""
         with self._autocast():
-            return kept_logits(model, mb, self.device)
+            return self.head.scores(model, mb, self.device, self.temperature, with_entropy)
 
     def _dummy_forward(self, model: torch.nn.Module, backward: bool) -> None:
         """A one-token forward (and zero-weight backward) keeping FSDP collectives aligned across ranks."""
@@ -194,6 +200,21 @@ class LearnerWorker:
             out = model(input_ids=ids, position_ids=torch.zeros_like(ids), use_cache=False, logits_to_keep=1)
         if backward:
             (out.logits.float().sum() * 0.0).backward()
+
+    def _check_memory(self) -> None:
+        """Before a micro-batch: MemoryBudgetExceeded on every rank when the machine's memory is past
+        trainer.memory_stop_fraction on any (a collective: no rank is left waiting in the next one)."""
+        stop = self.cfg.trainer.memory_stop_fraction
+        over = stop < 1 and machine_used()[0] >= stop
+        if self._max_over_ranks(int(over)):
+            advice = f"lower algorithm.micro_batch_tokens (now {self.algo.micro_batch_tokens})"
+            if not self.cfg.model.gradient_checkpointing:
+                advice += (", or set model.gradient_checkpointing=true (a micro-batch's activations are most of "
+                           "the learner's step: tens of KB per token per layer)")
+            if over:
+                check_machine_memory(stop, f"learner rank {self.rank}", advice)
+            raise MemoryBudgetExceeded(f"learner rank {self.rank}: another rank found the machine's memory over "
+                                       f"trainer.memory_stop_fraction={stop:g}; {advice}")
 
     def _max_over_ranks(self, n: int) -> int:
         return max_over_ranks(n, self.world_size, self.device)
@@ -209,13 +230,13 @@ class LearnerWorker:
         plan = self.layout.plan(specs, local)
         out: dict[int, torch.Tensor] = {}
         for k in range(self._max_over_ranks(len(plan))):
+            self._check_memory()
             if k >= len(plan):
                 self._dummy_forward(model, backward=False)
                 continue
             idx = [local[j] for j in plan[k]]
             mb = self.layout.micro_batch(specs, idx)
-            logp, _ = logprobs_and_entropy(self._logits(model, mb), mb.targets.to(self.device), self.temperature,
-                                           with_entropy=False)
+            logp, _ = self._scores(model, mb, with_entropy=False)
             rows = scatter_rows(logp.float().cpu(), mb)
             for n, i in enumerate(idx):
                 out[i] = rows[n, : specs[i].loss_mask.numel()].clone()
@@ -234,6 +255,7 @@ class LearnerWorker:
         if self.separate_critic and critic_values is None:
             raise ValueError("algorithm.critic.placement=separate: train_step needs the critic's values of the batch")
         t0 = time.perf_counter()
+        reset_peak()  # memory/learner_peak_gb is this step's peak
         a = self.algo
         trajs = batch.trajectories()
         if not trajs:
@@ -338,6 +360,8 @@ class LearnerWorker:
             "learner/seconds": seconds,
             "learner/tokens_per_s": float(sum(s.length for s in specs)) * a.epochs / max(seconds, 1e-9),
             "learner/version": float(self.version),
+            # the largest rank's peak resident memory in this step (a collective: every rank reports)
+            "memory/learner_peak_gb": self._max_over_ranks(int(peak_gb() * 1024)) / 1024,
         })
         return metrics
 
@@ -389,14 +413,14 @@ class LearnerWorker:
         compute_tokens = 0
         self.optimizer.zero_grad(set_to_none=True)
         for k in range(self._max_over_ranks(len(plan))):
+            self._check_memory()
             if k >= len(plan):
                 self._dummy_forward(self.model, backward=True)
                 continue
             idx = [int(local[j]) for j in plan[k]]
             mb = self.layout.micro_batch(specs, idx)
             compute_tokens += mb.compute_tokens
-            logits = self._logits(self.model, mb)
-            logp_k, ent_k = logprobs_and_entropy(logits, mb.targets.to(self.device), self.temperature)
+            logp_k, ent_k = self._scores(self.model, mb)
             if not a.entropy_coef:
                 ent_k = ent_k.detach()
             def stack(xs, dt=torch.float32, width=mb.max_response, dev=self.device):

@@ -44,6 +44,7 @@ from asyncrl.rollout.admission import StalenessGate
 from asyncrl.rollout.prompts import PromptDraw, PromptSource
 from asyncrl.rollout.reward_model import GenerativeJudge, RewardModel, RewardModelError
 from asyncrl.rollout.trajectory_log import TrajectoryLog
+from asyncrl.util.memory import rss_gb
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +149,7 @@ class RolloutWorker:
                               retries=dict(self.retries), waiting_positions=list(self.waiting),
                               prompts_skipped=self.prompts_skipped)
         return RolloutState(worker_id=self.worker_id, position=pos, engine_in_flight=self.engine.in_flight,
+                            rss_gb=round(rss_gb(), 3),
                             engine_tokens_out=self.engine.tokens_out, recent_episodes=len(self.recent_failed),
                             recent_failed=sum(self.recent_failed), errors=self.errors.summary(), **self.counts)
 

@@ -35,7 +35,7 @@ import ray
 
 from asyncrl import registry
 from asyncrl.config import Config
-from asyncrl.console_log import ConsoleLog, write_overrides
+from asyncrl.console_log import LOG_FORMAT, ConsoleLog, write_overrides
 from asyncrl.envs.base import resolve_env
 from asyncrl.learner.checkpoint import checkpoint_version, prune_checkpoints
 from asyncrl.metrics import MetricsLogger
@@ -57,9 +57,11 @@ from asyncrl.run_dir import (
 from asyncrl.sandbox.runner import HIDE_ENV as SANDBOX_HIDE_ENV
 from asyncrl.sandbox.runner import hide_job_paths
 from asyncrl.secrets import shown_config, withhold_env
-from asyncrl.sft.warm_start import WarmStartError, run_warm_start
+from asyncrl.sft.warm_start import WarmStartError, warm_start_in_child
 from asyncrl.util.auth import ENV as ENGINE_TOKEN_ENV
 from asyncrl.util.auth import ensure_token
+from asyncrl.util.isolated import call_isolated
+from asyncrl.util.memory import MemoryBudgetExceeded, check_machine_memory
 from asyncrl.util.stop_signals import raise_if_stopping, stop_on_signals
 
 log = logging.getLogger("asyncrl")
@@ -78,7 +80,7 @@ class RunStopped(Exception):
 def run(cfg: Config, rows: list[dict] | None = None, overrides: list[str] | None = None) -> int:
     """Train; `rows`: the training rows as preflight checked them (None: load them here); `overrides`: the
     command line as typed, recorded in the run dir with the console log (asyncrl/console_log.py)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     secret_env = withhold_env()  # before anything is started: no child inherits WANDB_API_KEY
     out = run_dir(cfg.trainer.output_dir, cfg.trainer.run_name)
     make_private(out)  # before ray.init: Ray's processes and files inherit the umask
@@ -134,7 +136,13 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
     env = resolve_env(cfg.env.name)
     rows = load_rows(cfg, env, "train") if rows is None else rows
     stop_signal = stop_on_signals()
-    warm, ended = _warm_start(cfg, env, rows, out, start, stop_signal)
+    try:  # a machine already that full would have Ray's memory monitor kill the run's workers part-way
+        check_machine_memory(cfg.trainer.memory_stop_fraction, "the driver (asyncrl train), before the run "
+                             "started", "other processes hold that memory: free it, or raise the setting")
+    except MemoryBudgetExceeded as e:
+        _report(out, settle(memory_stop(e), {}))
+        return EXIT_WATCHDOG
+    warm, ended = _warm_start(cfg, rows, out, start, stop_signal, tuple(secret_env.values()))
     if ended is not None:
         return ended
     layout.config.write_text(json.dumps(shown_config(cfg), indent=2))  # model.path: what RL starts from
@@ -159,10 +167,11 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
                         status=metrics.status)
             train_loop(cfg, fleet, metrics, out, VersionLog(out, start.record), deadline)
         ending.update(exit_code=EXIT_OK, exit_reason=completed_reason(cfg, fleet.step))
-    except RunStopped as e:
-        ending.update(exit_code=EXIT_WATCHDOG, exit_reason=f"stopped by the watchdog ({e.verdict.kind})",
-                      diagnosis=e.verdict.diagnosis)
-        log.error("stopping: %s", e.verdict.diagnosis)
+    except (RunStopped, MemoryBudgetExceeded) as e:
+        ending.update(memory_stop(e) if isinstance(e, MemoryBudgetExceeded) else
+                      {"exit_code": EXIT_WATCHDOG, "exit_reason": f"stopped by the watchdog ({e.verdict.kind})",
+                       "diagnosis": e.verdict.diagnosis})
+        log.error("stopping: %s", ending["diagnosis"])
         if fleet.step > fleet.last_checkpoint_step:
             try:
                 fleet.checkpoint(layout.checkpoints)
@@ -191,20 +200,34 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
     return summary["exit_code"]
 
 
+def memory_stop(e: MemoryBudgetExceeded) -> dict[str, Any]:
+    """How a run that stopped at trainer.memory_stop_fraction ends (exit 4); the diagnosis is the message of
+    the process that found it (without Ray's traceback around it, where a Ray actor raised it)."""
+    cause = getattr(e, "cause", None)
+    return {"exit_code": EXIT_WATCHDOG, "exit_reason": "stopped by the watchdog (memory)",
+            "diagnosis": str(cause if isinstance(cause, BaseException) else e)}
+
+
 def joins_cluster(cfg: Config) -> bool:
     """Whether the run joins a Ray cluster (ray.address, or RAY_ADDRESS) rather than starting its own instance."""
     return bool(cfg.ray.address or os.environ.get("RAY_ADDRESS"))
 
 
-def _warm_start(cfg: Config, env: Any, rows: Any, out: Path, start: RunStart,
-                stop_signal: dict) -> tuple[Any, int | None]:
+def _warm_start(cfg: Config, rows: Any, out: Path, start: RunStart, stop_signal: dict,
+                secrets: tuple[str, ...] = (), runner: Any = call_isolated) -> tuple[Any, int | None]:
     """The warm start before RL (asyncrl/sft/warm_start.py); on success `cfg.model.path` is its model.
     Returns (the WarmStart or None, None), or (None, the exit status) for a run that ends here: the
-    warm start failed (1), was interrupted (128 + signum) or crashed (1, re-raised), with a summary."""
+    warm start failed (1), was interrupted (128 + signum) or crashed (1, re-raised), with a summary.
+    `runner` runs it: in a child process of its own (asyncrl/util/isolated.py), so the model, optimizer
+    state and activations of SFT go back to the machine when it ends and the driver holds no model for
+    the rest of the run; tests of the decisions here pass one that calls in process."""
     try:
-        warm = run_warm_start(cfg, env, rows, out, resuming_rl=start.resume_from is not None)
+        warm = runner(warm_start_in_child, cfg, rows[: cfg.warm_start.demos], out, start.resume_from is not None,
+                      list(secrets), name="warm start")
     except WarmStartError as e:
         ending = {"exit_code": EXIT_ERROR, "exit_reason": "the warm start failed", "diagnosis": str(e)}
+    except MemoryBudgetExceeded as e:
+        ending = memory_stop(e)
     except KeyboardInterrupt:
         signum = stop_signal.get("signum", signal.SIGINT)
         ending = {"exit_code": 128 + signum, "exit_reason": f"interrupted ({signal.Signals(signum).name}) during "
@@ -254,8 +277,22 @@ def _report(out: Path, summary: dict[str, Any]) -> None:
           f"skipped; groups dropped unserved: {n['groups_dropped_stale']} stale, {n['groups_dropped_failed']} all "
           f"failed; {n['worker_restarts']} worker and {n['engine_restarts']} engine restarts; summary in "
           f"{path}", flush=True)
+    if memory := summary.get("memory"):
+        print("asyncrl train: peak resident memory (GiB): " + ", ".join(
+            f"{k.removesuffix('_gb').replace('_', ' ')} {v:.2f}" for k, v in memory.items()), flush=True)
     if summary["diagnosis"]:
         print(f"asyncrl train: stopped: {summary['diagnosis']}", file=sys.stderr, flush=True)
+
+
+def memory_advice(peaks: dict[str, float]) -> str:
+    """What the driver's memory stop says about the run's processes: the largest each role held so far."""
+    if not peaks:
+        return "no step has reported its memory yet"
+    shown = ", ".join(f"{k.removeprefix('memory/').removesuffix('_gb').replace('_', ' ')} {v:.1f} GiB"
+                      for k, v in sorted(peaks.items(), key=lambda kv: -kv[1]))
+    return (f"the run's processes held at most: {shown} (metrics.jsonl memory/*); a learner over its share: lower "
+            "algorithm.micro_batch_tokens or set model.gradient_checkpointing=true; an engine: lower "
+            "engine.max_running_seqs")
 
 
 def completed_reason(cfg: Config, steps: int) -> str:
@@ -290,6 +327,7 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, ver
         verdict = watchdog.observe(time.monotonic(), fleet.step, fleet.worker_states())
         if verdict.stop:
             raise RunStopped(verdict)
+        check_machine_memory(t.memory_stop_fraction, "the driver (asyncrl train)", memory_advice(fleet.memory_peaks))
         waiting()
 
     def waiting() -> None:
@@ -317,9 +355,10 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, ver
             stats = {**result.metrics, **fleet.sync_weights()}
             fleet.publish_version(result.version)  # after the sync: engines hold it before anyone admits by it
             step_seconds.append(time.perf_counter() - t0)
-            stats.update(fleet.rollout_metrics(), **{"learner/idle_fraction": waited / step_seconds[-1],
-                                                     "step_seconds": step_seconds[-1],
-                                                     "version": fleet.version})
+            stats.update(fleet.rollout_metrics(), **fleet.memory_metrics(),
+                         **{"learner/idle_fraction": waited / step_seconds[-1], "step_seconds": step_seconds[-1],
+                            "version": fleet.version})
+            fleet.record_memory(stats)
             metrics.log(fleet.step, stats)
             watch()  # failing episodes stop a run that still forms batches too
             if cfg.trainer.eval_every and fleet.step % cfg.trainer.eval_every == 0:

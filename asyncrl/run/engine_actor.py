@@ -27,6 +27,7 @@ from asyncrl.config import Config
 from asyncrl.engine.launcher import EngineProcess, launch_configured
 from asyncrl.run_dir import RunLayout
 from asyncrl.util.auth import auth_headers
+from asyncrl.util.memory import peak_gb
 from asyncrl.util.net import free_port
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,11 @@ class EngineActor:
 
     def pid(self) -> int:
         return self.proc.pid
+
+    def peak_gb(self) -> float:
+        """The engine server's peak resident memory since it started (0.0: attached, or gone)."""
+        pid = self.proc.pid if self.proc is not None else None
+        return peak_gb(pid) if pid is not None else 0.0
 
     def restart(self, model_dir: str, weight_version: int) -> str:
         """Start again on the same port from `model_dir` (the learner's export), holding `weight_version`."""

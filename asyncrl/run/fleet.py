@@ -45,6 +45,7 @@ from asyncrl.run.rollout_actor import RolloutActor
 from asyncrl.run.supervisor import Supervisor
 from asyncrl.run_dir import RunLayout, critic_dir, step_dir
 from asyncrl.util.cpus import available_cpus, cpu_threads
+from asyncrl.util.memory import peak_gb
 
 log = logging.getLogger("asyncrl")
 STOP_TIMEOUT_S = 30.0
@@ -56,6 +57,7 @@ class Fleet:
         self.layout = RunLayout(out)
         self.step = self.last_checkpoint_step = 0
         self.optimizer_steps_skipped = 0  # the learner's count of steps skipped for a non-finite loss/grad norm
+        self.memory_peaks: dict[str, float] = {}  # the largest of each memory/* metric logged (the summary's)
         self.version = 0  # the learner's version as last published (set only by publish_version)
         self.buffer = None
         self.engines: list[Any] = []
@@ -209,7 +211,7 @@ class Fleet:
                 self.supervisor.record(r, st)
         self._undelivered = keep
 
-    def summary(self) -> dict[str, int | None]:
+    def summary(self) -> dict[str, Any]:
         """What this run did, for its final summary. Episodes and groups are the buffer's counts (it outlives
         worker restarts, whose counters start again), skipped prompts the workers' positions (which a
         restart and a resume keep)."""
@@ -233,7 +235,9 @@ class Fleet:
                 "groups_dropped_failed": buffer_count("groups_dropped_failed"),
                 "trajectories_dropped_stale": buffer_count("dropped_stale"),
                 "worker_restarts": int(faults.get("faults/worker_restarts", 0)),
-                "engine_restarts": int(faults.get("faults/engine_restarts", 0))}
+                "engine_restarts": int(faults.get("faults/engine_restarts", 0)),
+                # each role's largest resident memory in GiB (the learner's: its largest step's peak)
+                "memory": {k.removeprefix("memory/"): round(v, 3) for k, v in sorted(self.memory_peaks.items())}}
 
     def worker_states(self) -> list[RolloutState]:
         """The rollout workers' last reports (what the watchdog and the summary read)."""
@@ -278,6 +282,19 @@ class Fleet:
         stats = self.buffer_stats()
         out.update({f"buffer/{k}": v for k, v in stats.items() if isinstance(v, (int, float))})
         return out
+
+    def memory_metrics(self) -> dict[str, float]:
+        """The driver's and the engine servers' peak resident memory (GiB; the learner's and the rollout
+        workers' come with their own metrics). An engine that does not answer counts as 0."""
+        peaks = [_quietly(lambda e=e: ray.get(e.peak_gb.remote(), timeout=10.0)) for e in self.engines]
+        return {"memory/driver_peak_gb": peak_gb(),
+                "memory/engine_peak_gb": max((p for p in peaks if p), default=0.0)}
+
+    def record_memory(self, stats: dict[str, Any]) -> None:
+        """Keep the largest of each memory/* value in `stats` for the summary."""
+        for k, v in stats.items():
+            if k.startswith("memory/") and isinstance(v, (int, float)):
+                self.memory_peaks[k] = max(self.memory_peaks.get(k, 0.0), float(v))
 
     def buffer_stats(self) -> dict:
         if self.buffer is None:
@@ -332,6 +349,7 @@ def roll_up(states: list[RolloutState], last_poll: tuple[float, int], now: float
         "rollout/prompts_skipped": sum(s.position.prompts_skipped for s in states),
         "rollout/reward_mean_all": sum(s.reward_sum for s in states) / max(episodes, 1),
         "rollout/engine_tokens_per_s": (tokens - tok_prev) / max(now - t_prev, 1e-6),
+        "memory/rollout_rss_gb": max((s.rss_gb for s in states), default=0.0),
     }
 
 

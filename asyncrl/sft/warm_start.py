@@ -35,14 +35,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from asyncrl import registry
 from asyncrl.agents.tool_calls import renderer
 from asyncrl.config import Config, to_dict
-from asyncrl.envs.base import Env, can_demonstrate
+from asyncrl.console_log import LOG_FORMAT, ConsoleLog
+from asyncrl.envs.base import Env, can_demonstrate, resolve_env
 from asyncrl.models import load_tokenizer
 from asyncrl.run_dir import WARM_START_DISCARDED, RunLayout, timestamp_name
 from asyncrl.sft import trainer as sft_trainer
 from asyncrl.sft.conversations import read_rows, render_conversation
 from asyncrl.sft.demos import demonstrate, write_demos
+from asyncrl.util.memory import peak_gb
+from asyncrl.util.stop_signals import stop_on_signals
 
 log = logging.getLogger("asyncrl")
 
@@ -96,6 +100,19 @@ def plan_of(cfg: Config) -> dict[str, Any]:
             "warm_start": to_dict(cfg.warm_start), "seed": cfg.seed}
 
 
+def warm_start_in_child(cfg: Config, rows: list[dict[str, Any]], out: Path, resuming_rl: bool,
+                        secrets: list[str]) -> Optional[WarmStart]:
+    """`run_warm_start` as `asyncrl train` calls it, in a child process of its own (asyncrl/util/isolated.py):
+    sets up what the driver had (its log format, its console record in RUN_DIR/train.log with `secrets`
+    redacted, the stop signals, the config's plugins), then runs it on `rows` (the first `warm_start.demos`
+    training rows)."""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    stop_on_signals()
+    registry.load_all(cfg.plugins)
+    with ConsoleLog(out, secrets, banner=None):
+        return run_warm_start(cfg, resolve_env(cfg.env.name), rows, out, resuming_rl)
+
+
 def run_warm_start(cfg: Config, env: Env, rows: Any, out: Path, resuming_rl: bool) -> Optional[WarmStart]:
     """Run (or reuse) the warm start of the run in `out`; None when it does not run (mode off, or `resuming_rl`
     from a checkpoint of a run that had none). Raises WarmStartError; KeyboardInterrupt passes through (SFT's
@@ -128,7 +145,9 @@ def run_warm_start(cfg: Config, env: Env, rows: Any, out: Path, resuming_rl: boo
     result = fine_tune(cfg, demos_path, d)
     summary = {"model": str(result.final), "demos": kept, "rejected": rejected, "sft_steps": result.steps,
                "sft_train_loss": result.train_loss, "resumed_at_step": result.resumed_at,
-               "seconds": round(time.monotonic() - t0, 1)}
+               "seconds": round(time.monotonic() - t0, 1),
+               # this process's peak: the warm start's own where it ran in a child of its own (`asyncrl train`)
+               "peak_rss_gb": round(peak_gb(), 3)}
     _write_json(done_file, summary)
     log.info("warm start: %d demonstrations (%d rows had none), %d SFT steps, last loss %.4f, %.0f s; RL starts "
              "from %s", kept, rejected, result.steps, result.train_loss, summary["seconds"], result.final)

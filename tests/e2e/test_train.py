@@ -349,6 +349,20 @@ def test_a_spent_time_budget_starts_no_step_and_ends_the_run_as_completed_with_i
     assert "trainer.max_minutes=0.0001: the budget is spent after 0 of 3 steps; ending the run" in res.stderr
 
 
+def test_a_machine_already_past_the_memory_stop_starts_nothing_and_says_why(tiny_model_dir, tmp_path):
+    """trainer.memory_stop_fraction=0.0001: the machine is past it before anything starts. The run stops at
+    once (exit 4, before Ray or any model), its summary naming the process that found it and the setting."""
+    out = tmp_path / "full"
+    res = _train(_overrides(tiny_model_dir, out, **{"trainer.memory_stop_fraction": 0.0001}))
+    assert res.returncode == 4, res.stdout[-3000:] + res.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["exit_reason"] == "stopped by the watchdog (memory)", summary
+    assert summary["diagnosis"].startswith("the driver (asyncrl train), before the run started: the machine's "
+                                           "memory is "), summary
+    assert "trainer.memory_stop_fraction=0.0001" in summary["diagnosis"]
+    assert "asyncrl train: stopped: the driver" in res.stderr and not (out / "final").exists()
+
+
 @pytest.mark.heavy(45)
 def test_every_episode_failing_stops_the_run_with_a_diagnosis(tiny_model_dir, tmp_path):
     """A reward plugin that raises on every episode: no batch can form. The watchdog stops the run (exit 4)

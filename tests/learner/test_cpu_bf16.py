@@ -20,14 +20,18 @@ def _cfg(tiny_model_dir, on: bool):
 
 @pytest.mark.skipif(not cpus.native_bf16(), reason="this CPU has no native bf16 (avx512_bf16 / amx_bf16)")
 def test_bf16_logits_are_close_to_fp32_and_masters_stay_fp32(tiny_model_dir):
-    from asyncrl.learner.packing import build_micro_batch
+    from asyncrl.learner.packing import build_micro_batch, kept_logits
 
     fp32 = worker_mod.LearnerWorker(_cfg(tiny_model_dir, False))
     bf16 = worker_mod.LearnerWorker(_cfg(tiny_model_dir, True))
     assert bf16.cpu_bf16 and not fp32.cpu_bf16
     specs = _specs(make_batch(seed=5))
     mb = build_micro_batch(specs, list(range(len(specs))), True, fp32.pad_id)
-    a, b = fp32._logits(fp32.model, mb), bf16._logits(bf16.model, mb)
+    def logits(w):  # the whole logits, as the head computes them under the worker's autocast
+        with w._autocast():
+            return kept_logits(w.model, mb)
+
+    a, b = logits(fp32), logits(bf16)
     assert b.dtype == torch.bfloat16 and a.dtype == torch.float32
     assert torch.allclose(a, b.float(), atol=0.1, rtol=0.05) and not torch.equal(a, b.float())
     m = bf16.train_step(make_batch(seed=6))

@@ -81,7 +81,7 @@ def test_packed_and_padded_rows_score_like_separate_forwards(tiny_model_dir, kee
     """Token by token: logprob of response token i comes from position P + i - 1 of its own sequence."""
 
     if not keep_2d:  # the path for transformers versions without a boolean logits_to_keep
-        monkeypatch.setattr(packing_mod, "_supports_2d_logits_to_keep", lambda: False)
+        monkeypatch.setattr(packing_mod, "supports_2d_logits_to_keep", lambda: False)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(0)
     seqs = []

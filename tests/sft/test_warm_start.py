@@ -77,6 +77,14 @@ def test_a_run_fine_tunes_on_demonstrations_then_its_engines_sample_the_fine_tun
     assert all("calculator" in s for s in said), said
     assert any("I will compute it with the calculator." in s for s in said), said
     assert "warm start:" in res.stdout + res.stderr
+    # the warm start ran in a child of the driver (asyncrl/util/isolated.py): its lines are in the run's
+    # console record all the same, and the run's summary names each role's peak memory
+    assert "warm start: 4 demonstrations" in (out / "train.log").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert done["peak_rss_gb"] > 0 and {"driver_peak_gb", "learner_peak_gb", "engine_peak_gb",
+                                         "rollout_rss_gb"} <= set(summary["memory"])
+    assert all(v > 0 for v in summary["memory"].values()), summary["memory"]
+    assert "peak resident memory (GiB): driver" in res.stdout
 
 
 def test_preflight_refuses_a_warm_start_that_cannot_run_and_says_when_auto_runs_none(tiny_model_dir, tmp_path):
@@ -154,6 +162,12 @@ def test_an_env_without_demonstrations_is_named_and_bad_settings_are_refused_at_
         _cfg(tiny_model_dir, tmp_path, **{"warm_start.lr": "nan"})
 
 
+def in_process(fn, cfg, rows, out, resuming_rl, secrets, name):
+    """`controller._warm_start`'s runner for the tests of its decisions: the warm start in this process, where
+    a test's monkeypatches reach it (the run's own runner starts a child process: asyncrl/util/isolated.py)."""
+    return run_warm_start(cfg, resolve_env(cfg.env.name), rows, out, resuming_rl)
+
+
 def _warm(cfg, out: Path, resuming_rl: bool = False):
     env = resolve_env(cfg.env.name)
     return run_warm_start(cfg, env, env.build(cfg.env, "train"), out, resuming_rl=resuming_rl)
@@ -197,13 +211,15 @@ def test_an_interrupted_warm_start_ends_the_run_with_a_summary_and_resumes_its_s
     # SFT keeps no checkpoint before its end unless asked: resume then starts SFT again from step 0
     start = RunStart("run00001", RunRecord(run_id="run00001", created=0.0), None)
     env = resolve_env("arithmetic")
-    warm, code = controller._warm_start(cfg, env, env.build(cfg.env, "train"), tmp_path, start, {})
+    rows = env.build(cfg.env, "train")
+    warm, code = controller._warm_start(cfg, rows, tmp_path, start, {}, runner=in_process)
     assert (warm, code) == (None, 128 + signal.SIGINT)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["exit_reason"].startswith("interrupted (SIGINT) during the warm start")
     assert not (tmp_path / "warm_start" / "done.json").exists()
     monkeypatch.setattr(LearnerWorker, "train_step", original)
-    warm, code = controller._warm_start(cfg, env, env.build(cfg.env, "train"), tmp_path, start, {})
+    # resumed as a run does: in a child process of its own, whose answer sets the policy RL starts from
+    warm, code = controller._warm_start(cfg, rows, tmp_path, start, {})
     assert code is None and warm.summary["sft_steps"] == 4 and cfg.model.path == str(tmp_path / "warm_start" / "final")
 
 
@@ -217,7 +233,7 @@ def test_a_warm_start_that_keeps_no_demonstration_fails_the_run_naming_why(tiny_
                                              r"demonstration .*earned reward"):
         run_warm_start(cfg, env, env.build(cfg.env, "train"), tmp_path, resuming_rl=False)
     start = RunStart("run00001", RunRecord(run_id="run00001", created=0.0), None)
-    warm, code = controller._warm_start(cfg, env, env.build(cfg.env, "train"), tmp_path, start, {})
+    warm, code = controller._warm_start(cfg, env.build(cfg.env, "train"), tmp_path, start, {}, runner=in_process)
     assert code == 1
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["exit_reason"] == "the warm start failed" and "set warm_start.mode=off" in summary["diagnosis"]
