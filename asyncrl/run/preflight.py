@@ -53,6 +53,7 @@ from asyncrl.data.dataset import BLOCK_ROWS, LARGE_ROW_GROUP, Dataset
 from asyncrl.data.rows import DataError
 from asyncrl.envs.base import Env, Sample, load_rows, resolve_env, resolve_reward_fn
 from asyncrl.learner.losses import check_off_policy_correction
+from asyncrl.learner.memory_estimate import SMOLLM2_135M, ModelShape, learner_step
 from asyncrl.models import (
     DEFAULT_MODEL,
     ModelNotFoundError,
@@ -63,6 +64,8 @@ from asyncrl.models import (
 )
 from asyncrl.sft.warm_start import skipped_because
 from asyncrl.tools.loader import load_tool_specs, tool_name, tool_schemas
+from asyncrl.util.cpus import native_bf16
+from asyncrl.util.memory import machine_used
 
 log = logging.getLogger("asyncrl.run.preflight")
 SHOW_ROWS = 5  # rows named in one problem line; the rest are counted
@@ -312,6 +315,39 @@ def check_training_sample(ds: Dataset) -> tuple[list[int], list[dict[str, Any]],
 # ----------------------------------------------------------------------------- all of them
 
 
+def check_learner_memory(cfg: Config, model_dir: str) -> list[str]:
+    """The learner's step, estimated (asyncrl/learner/memory_estimate.py), against this machine's memory up to
+    trainer.memory_stop_fraction: a run whose learner alone cannot fit is refused, naming the settings. Only
+    where the learner runs on this machine's CPU (a run that joins a Ray cluster, or a machine with a GPU,
+    keeps its activations elsewhere), and for a model whose shape is known (a config.json, or the default)."""
+    if cfg.ray.address or Path("/dev/nvidia0").exists():
+        return []
+    config_json = Path(model_dir) / "config.json"
+    try:
+        shape = ModelShape.from_config(json.loads(config_json.read_text())) if config_json.is_file() else (
+            SMOLLM2_135M if not cfg.model.path else None)
+    except (OSError, ValueError, KeyError, TypeError):
+        return []  # check_context reads the same file and names what is wrong with it
+    _, total = machine_used()
+    if shape is None or not total:
+        return []
+    a, lora = cfg.algorithm, cfg.model.lora
+    lora_params = lora.rank * 2 * shape.hidden * shape.layers * len(lora.target_modules) if lora.rank else 0
+    ranks = cfg.trainer.learner_ranks
+    est = learner_step(shape, a.micro_batch_tokens, a.logits_chunk_tokens, cfg.model.gradient_checkpointing,
+                       bf16=cfg.model.cpu_bf16 and native_bf16(), ranks=ranks, lora_params=lora_params,
+                       reference=a.kl_coef > 0)
+    budget = total * cfg.trainer.memory_stop_fraction
+    if est.total_gb * ranks <= budget:
+        return []
+    advice = f"lower algorithm.micro_batch_tokens (now {a.micro_batch_tokens})"
+    if not cfg.model.gradient_checkpointing:
+        advice += " or set model.gradient_checkpointing=true"
+    return [f"the learner's step is estimated at {est.describe()}{f' on each of {ranks} ranks' if ranks > 1 else ''}"
+            f", over trainer.memory_stop_fraction={cfg.trainer.memory_stop_fraction:g} of this machine's "
+            f"{total:.1f} GiB ({budget:.1f} GiB): {advice}"]
+
+
 def check_warm_start(cfg: Config, env: Env, problems: list[str], warnings: list[str], tokenizer: Any = None) -> str:
     """warm_start.mode=on needs an env and agent that can demonstrate and an agent.tool_parser that renders (a
     problem otherwise); auto runs no warm start without them or with a model.path of the user's own (a warning
@@ -382,6 +418,7 @@ def preflight(cfg: Config) -> PreflightReport:
     if long_val:
         problems.append(f"{long_val} (raise agent.max_prompt_tokens; evaluation rows are never dropped)")
     warm = check_warm_start(cfg, env, problems, warnings, tokenizer)
+    problems += check_learner_memory(cfg, model)
     if problems:
         raise PreflightError(problems)
     agents = [cfg.agent.name] + sorted({str(r["agent_name"]) for r in train if r.get("agent_name")} - {cfg.agent.name})

@@ -17,9 +17,11 @@ from asyncrl.agents.base import resolve_agent
 from asyncrl.cli import main as cli_main
 from asyncrl.config import InteractionSpec, load_config
 from asyncrl.envs.base import Sample
+from asyncrl.learner.memory_estimate import SMOLLM2_135M, ModelShape, learner_step
 from asyncrl.rollout.prompts import PromptSource
 from asyncrl.run.preflight import (
     PreflightError,
+    check_learner_memory,
     check_model,
     check_names,
     check_plugins,
@@ -296,3 +298,35 @@ def test_a_failing_preflight_exits_2_before_ray_is_imported(tmp_path, tiny_model
     assert proc.stderr.startswith("asyncrl train: preflight: agent.name: unknown agent 'reactt'")
     assert proc.stdout.strip() == "RAY_NOT_IMPORTED"
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def test_a_learner_step_that_cannot_fit_the_machine_is_refused_naming_the_settings(tiny_model_dir):
+    """The estimate (asyncrl/learner/memory_estimate.py) against this machine's memory: the default micro-batch
+    fits; one of 50M tokens cannot (its activations alone pass any machine this runs on), and gradient
+    checkpointing is named as the other way out until it is on."""
+    def problems(*extra: str) -> list[str]:
+        return check_learner_memory(load_config(["model=custom", f"model.path={tiny_model_dir}", *extra]),
+                                    str(tiny_model_dir))
+
+    assert problems() == []
+    (msg,) = problems("algorithm.micro_batch_tokens=50000000")
+    assert msg.startswith("the learner's step is estimated at ")
+    assert "activations" in msg and "over trainer.memory_stop_fraction=0.9 of this machine's " in msg
+    assert msg.endswith("lower algorithm.micro_batch_tokens (now 50000000) or set model.gradient_checkpointing=true")
+    (msg,) = problems("algorithm.micro_batch_tokens=500000000", "model.gradient_checkpointing=true")
+    assert msg.endswith("lower algorithm.micro_batch_tokens (now 500000000)")
+
+
+def test_the_estimates_parameter_count_is_the_models_own(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    shape = ModelShape.from_config(json.loads((tiny_model_dir / "config.json").read_text()))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert shape.params == sum(p.numel() for p in model.parameters())
+    small, big = (learner_step(shape, t, 256, False, True) for t in (1024, 4096))
+    assert big.activations_gb == pytest.approx(4 * small.activations_gb) and big.state_gb == small.state_gb
+    deep = [learner_step(SMOLLM2_135M, 4096, 256, gc, True).activations_gb for gc in (False, True)]
+    assert deep[1] < deep[0] / 4  # 30 layers: checkpointing keeps each one's input, recomputes one at a time
