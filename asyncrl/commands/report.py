@@ -25,6 +25,7 @@ PANELS: list[tuple[str, str, list[str]]] = [  # (file stem, title, metric keys; 
     ("throughput", "tokens/s", ["rollout/engine_tokens_per_s", "learner/tokens_per_s"]),
     ("sync", "weight sync seconds", ["sync/seconds"]),
     ("buffer", "buffer size (trajectories)", ["buffer/size"]),
+    ("memory", "resident memory (GiB) by role", ["memory/*"]),
 ]
 SUMMARY_KEYS = ["train/reward_mean", "train/staleness_mean", "learner/idle_fraction", "rollout/engine_tokens_per_s",
                 "learner/tokens_per_s", "sync/seconds", "step_seconds"]

@@ -22,7 +22,8 @@ def _records(n=8):
         recs.append({"step": s, "time": 10.0 * s, "train/reward_mean": s / n, "train/reward/correct": s / (2 * n),
                      "train/staleness_mean": 1.0, "train/staleness_max": 2, "learner/idle_fraction": 0.5,
                      "rollout/engine_tokens_per_s": 100.0, "learner/tokens_per_s": 50.0, "sync/seconds": 0.2,
-                     "buffer/size": 10 + s, "step_seconds": 10.0})
+                     "buffer/size": 10 + s, "step_seconds": 10.0, "memory/learner_peak_gb": 2.0 + s / 10,
+                     "memory/driver_peak_gb": 0.5})
         if s % 4 == 0:
             recs.append({"step": s, "time": 10.0 * s, "eval/reward_mean": s / 10, "eval/pass@4": s / 8})
     return recs
@@ -39,7 +40,7 @@ def test_report_plots_every_logged_panel_and_compares_first_and_last_windows(tmp
     printed = r.stdout.split()
     names = [p.split("/")[-1] for p in printed]
     assert names == ["reward.png", "eval.png", "staleness.png", "idle.png", "throughput.png", "sync.png",
-                     "buffer.png", "summary.md"]
+                     "buffer.png", "memory.png", "summary.md"]
     for p in printed[:-1]:
         assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     md = (run / "report" / "summary.md").read_text()
