@@ -1,12 +1,12 @@
 """The chunked output head (asyncrl/learner/head.py) on the real tiny model (SmolLM2's 49,152-token vocabulary):
 the same scores and gradients as whole logits, a model that changes its head's output is found and scored
-whole, and the learner's step holds one chunk's logits rather than the micro-batch's."""
+whole. That the learner's step then holds one chunk's logits rather than the micro-batch's is measured in a
+fresh process by tests/core/test_bench_memory.py."""
 
 from __future__ import annotations
 
 import logging
 
-import pytest
 import torch
 
 from asyncrl.config import ModelConfig
@@ -14,8 +14,7 @@ from asyncrl.learner.head import ChunkedHead
 from asyncrl.learner.logprobs import logprobs_and_entropy
 from asyncrl.learner.packing import build_micro_batch, kept_logits, specs_of
 from asyncrl.models import load_model
-from asyncrl.util.isolated import call_isolated
-from tests.learner.helpers import make_batch, make_cfg
+from tests.learner.helpers import make_batch
 
 
 def _model(model_dir):
@@ -80,34 +79,3 @@ def test_a_model_that_changes_its_heads_output_is_scored_with_whole_logits(tiny_
         logp, ent = head.scores(model, mb, "cpu", 0.7)
         want = logprobs_and_entropy(kept_logits(model, mb), mb.targets, 0.7)
     assert torch.equal(logp, want[0]) and torch.equal(ent, want[1])
-
-
-def peaks_of_a_step(model_dir: str) -> dict[str, float]:
-    """In a fresh process: one learner step on ~1,600 trained tokens in one micro-batch with the head in
-    chunks of 128 tokens, then the same step with whole logits; each step's peak growth (GiB)."""
-    from asyncrl.learner.worker import LearnerWorker
-    from asyncrl.util.memory import peak_gb, reset_peak, rss_gb
-
-    w = LearnerWorker(make_cfg(model_dir, micro_batch_tokens=8192, logits_chunk_tokens=128))
-    batch = make_batch(seed=2, groups=4, per_group=4, prompt=(8, 12), response=(90, 110))
-    out = {}
-    for name, chunk in (("chunked", 128), ("whole", 0)):  # chunked first: it cannot reuse the whole's pages
-        w.head.chunk = chunk
-        reset_peak()
-        before = rss_gb()
-        w.train_step(batch)
-        out[name] = peak_gb() - before
-    return out
-
-
-@pytest.mark.heavy(8)
-def test_the_learners_step_holds_one_chunk_of_logits_not_the_micro_batchs(tiny_model_dir, monkeypatch):
-    """~1,600 kept tokens x 49,152 x 4 bytes = 0.3 GiB for one float32 copy of the logits; whole logits keep
-    several (log-softmax, softmax, gradients), a chunk of 128 tokens 1/12 of each. glibc in the child maps
-    every block over 1 MiB on its own, so that its resident memory follows what is live: with its default
-    (a freed block's size raises the threshold to 32 MiB) the chunks' blocks come from the heap, and the
-    heap's pages stay resident after they are freed (measured: the chunked step's growth 0.04-0.65 GiB)."""
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(1 << 20))  # read by glibc when the child starts
-    peaks = call_isolated(peaks_of_a_step, str(tiny_model_dir), name="learner step")
-    assert peaks["whole"] > 0.6, peaks
-    assert peaks["chunked"] < peaks["whole"] / 4, peaks
