@@ -222,6 +222,7 @@ class Fleet:
                     self.supervisor.record(r, st)
         states, stats = self.worker_states(), self.buffer_stats()
         faults = self.supervisor.faults if self.supervisor is not None else {}
+        self.record_memory({"memory/driver_peak_gb": peak_gb()})  # also for a run that trained no step
 
         def buffer_count(key: str) -> int | None:  # None: the buffer did not answer (unknown, not zero)
             return int(stats[key]) if key in stats else None

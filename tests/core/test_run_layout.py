@@ -23,7 +23,7 @@ OWNER = "asyncrl/run_dir.py"
 EXCEPTIONS: dict[tuple[str, str], tuple[int, str]] = {
     ("asyncrl/models.py", "config.json"): (3, "a Hugging Face model dir's config"),
     ("asyncrl/engine/launcher.py", "config.json"): (1, "a Hugging Face model dir's config"),
-    ("asyncrl/run/preflight.py", "config.json"): (1, "a Hugging Face model dir's config"),
+    ("asyncrl/run/preflight.py", "config.json"): (2, "a Hugging Face model dir's config: checked, and read for the memory estimate"),
     ("asyncrl/testing.py", "config.json"): (1, "the tiny test model's Hugging Face config"),
     ("asyncrl/offline/checkpoints.py", "config.json"): (1, "a Hugging Face model dir's config (is_hf_dir)"),
     ("asyncrl/learner/checkpoint.py", "config.json"): (2, "the config saved inside one checkpoint directory"),

@@ -350,16 +350,23 @@ def test_a_spent_time_budget_starts_no_step_and_ends_the_run_as_completed_with_i
 
 
 def test_a_machine_already_past_the_memory_stop_starts_nothing_and_says_why(tiny_model_dir, tmp_path):
-    """trainer.memory_stop_fraction=0.0001: the machine is past it before anything starts. The run stops at
-    once (exit 4, before Ray or any model), its summary naming the process that found it and the setting."""
+    """trainer.memory_stop_fraction at half of what the machine uses now (and at least 0.5 GiB, so the preflight's
+    estimate of the tiny model's step, 0.3 GiB, fits it): the machine is past it before anything starts. The run
+    stops at once (exit 4, before Ray or any model), its summary naming the process that found it and the
+    setting."""
+    from asyncrl.util.memory import machine_used
+
+    used, total = machine_used()
+    fraction = round(max(used / 2, 0.5 / total), 4)
+    assert fraction < used, f"this machine uses {used:.1%} of {total:.0f} GiB: too little to be past any stop"
     out = tmp_path / "full"
-    res = _train(_overrides(tiny_model_dir, out, **{"trainer.memory_stop_fraction": 0.0001}))
+    res = _train(_overrides(tiny_model_dir, out, **{"trainer.memory_stop_fraction": fraction}))
     assert res.returncode == 4, res.stdout[-3000:] + res.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["exit_reason"] == "stopped by the watchdog (memory)", summary
     assert summary["diagnosis"].startswith("the driver (asyncrl train), before the run started: the machine's "
                                            "memory is "), summary
-    assert "trainer.memory_stop_fraction=0.0001" in summary["diagnosis"]
+    assert f"trainer.memory_stop_fraction={fraction:g}" in summary["diagnosis"]
     assert "asyncrl train: stopped: the driver" in res.stderr and not (out / "final").exists()
 
 
