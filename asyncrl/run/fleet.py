@@ -286,8 +286,11 @@ class Fleet:
 
     def memory_metrics(self) -> dict[str, float]:
         """The driver's and the engine servers' peak resident memory (GiB; the learner's and the rollout
-        workers' come with their own metrics). An engine that does not answer counts as 0."""
-        peaks = [_quietly(lambda e=e: ray.get(e.peak_gb.remote(), timeout=10.0)) for e in self.engines]
+        workers' come with their own metrics). Asked of all engines at once, waited for 1 s at most: an engine
+        actor busy restarting its server does not hold the step up, and is left out of this step's figure."""
+        refs = [e.peak_gb.remote() for e in self.engines]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0) if refs else ([], [])
+        peaks = [_quietly(lambda r=r: ray.get(r, timeout=0.1)) for r in ready]
         return {"memory/driver_peak_gb": peak_gb(),
                 "memory/engine_peak_gb": max((p for p in peaks if p), default=0.0)}
 
