@@ -13,7 +13,7 @@ batch of that schedule, so a resumed run continues exactly where its checkpoint 
 is logged. Checkpoints (DCP, atomic, `checkpoints/step_N`, holding the schedule position) every
 --checkpoint-every steps and at the end; a run started again on the same --out resumes from the newest one;
 the trained model is exported to OUT/final (a plain HF dir): `asyncrl train model.path=OUT/final` starts
-RL from it. metrics.jsonl gets sft/train_loss, sft/val_loss, sft/lr, sft/tokens_per_s per step.
+RL from it. metrics.jsonl gets sft/train_loss, sft/val_loss, sft/lr, sft/tokens_per_s and memory/learner_peak_gb per step.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ class SftResult:
     final: Path  # the exported HF dir
     train_loss: float  # the last step's
     resumed_at: int  # the step a checkpoint resumed the job at (0: from the start)
+    peak_gb: float = 0.0  # the largest step's peak resident memory (memory/learner_peak_gb) in this job
 
 
 def sft_config(cfg: Any, plan: SftPlan, n_steps: int) -> Any:
@@ -204,15 +205,16 @@ def train(cfg: Any, trajs: list[Any], val: list[Any], plan: SftPlan, label: str 
             worker.save_checkpoint(str(layout.checkpoint(step)),
                                    {"step": step, "sft_steps": len(steps), "rows": len(trajs)})
 
-        loss = float("nan")
+        loss, peak = float("nan"), 0.0
         for k in range(start, len(steps)):
             ts = time.perf_counter()
             m = worker.train_step(SftBatch(f"sft-step-{k + 1}", [trajs[i] for i in steps[k]]))
             loss = m["learner/pg_loss"]
+            peak = max(peak, m["memory/learner_peak_gb"])
             rec = {"sft/train_loss": loss, "sft/lr": m["learner/lr"], "sft/epoch": k // per_epoch + 1,
                    "sft/tokens": m["learner/tokens"],
                    "sft/tokens_per_s": m["learner/tokens"] / (time.perf_counter() - ts),
-                   "learner/grad_norm": m["learner/grad_norm"]}
+                   "learner/grad_norm": m["learner/grad_norm"], "memory/learner_peak_gb": m["memory/learner_peak_gb"]}
             step = k + 1
             if val and ((plan.val_every and step % plan.val_every == 0) or step == len(steps)):
                 rec["sft/val_loss"] = val_loss(worker, val)
@@ -224,4 +226,4 @@ def train(cfg: Any, trajs: list[Any], val: list[Any], plan: SftPlan, label: str 
         worker.export_hf(str(layout.final))
     finally:
         metrics.close()
-    return SftResult(steps=len(steps), final=layout.final, train_loss=loss, resumed_at=start)
+    return SftResult(steps=len(steps), final=layout.final, train_loss=loss, resumed_at=start, peak_gb=peak)

@@ -146,8 +146,9 @@ def run_warm_start(cfg: Config, env: Env, rows: Any, out: Path, resuming_rl: boo
     summary = {"model": str(result.final), "demos": kept, "rejected": rejected, "sft_steps": result.steps,
                "sft_train_loss": result.train_loss, "resumed_at_step": result.resumed_at,
                "seconds": round(time.monotonic() - t0, 1),
-               # this process's peak: the warm start's own where it ran in a child of its own (`asyncrl train`)
-               "peak_rss_gb": round(peak_gb(), 3)}
+               # this process's peak (the warm start's own in `asyncrl train`, where it has a process of its own):
+               # its largest SFT step's (each step starts the peak again) or what came after the last
+               "peak_rss_gb": round(max(result.peak_gb, peak_gb()), 3)}
     _write_json(done_file, summary)
     log.info("warm start: %d demonstrations (%d rows had none), %d SFT steps, last loss %.4f, %.0f s; RL starts "
              "from %s", kept, rejected, result.steps, result.train_loss, summary["seconds"], result.final)

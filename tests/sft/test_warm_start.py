@@ -62,7 +62,8 @@ def test_a_run_fine_tunes_on_demonstrations_then_its_engines_sample_the_fine_tun
     assert done["model"] == str(out / "warm_start" / "final")
     assert json.loads((out / "summary.json").read_text())["warm_start"] == done
     assert json.loads((out / "config.json").read_text())["model"]["path"] == done["model"]
-    sft_losses = [json.loads(x)["sft/train_loss"] for x in (out / "warm_start" / "metrics.jsonl").read_text().splitlines()]
+    sft_records = [json.loads(x) for x in (out / "warm_start" / "metrics.jsonl").read_text().splitlines()]
+    sft_losses = [r["sft/train_loss"] for r in sft_records]
     assert len(sft_losses) == 40 and sft_losses[-1] < 0.2 * sft_losses[0]
     demos = [json.loads(x) for x in (out / "warm_start" / "demos-train.jsonl").read_text().splitlines() if x]
     assert all("I will compute it with the calculator." in d["messages"][1]["content"] for d in demos)
@@ -81,8 +82,9 @@ def test_a_run_fine_tunes_on_demonstrations_then_its_engines_sample_the_fine_tun
     # console record all the same, and the run's summary names each role's peak memory
     assert "warm start: 4 demonstrations" in (out / "train.log").read_text()
     summary = json.loads((out / "summary.json").read_text())
-    assert done["peak_rss_gb"] > 0 and {"driver_peak_gb", "learner_peak_gb", "engine_peak_gb",
-                                         "rollout_rss_gb"} <= set(summary["memory"])
+    # the warm start's peak is its largest step's, though each step starts the process's peak again
+    assert done["peak_rss_gb"] >= max(r["memory/learner_peak_gb"] for r in sft_records) > 0
+    assert {"driver_peak_gb", "learner_peak_gb", "engine_peak_gb", "rollout_rss_gb"} <= set(summary["memory"])
     assert all(v > 0 for v in summary["memory"].values()), summary["memory"]
     assert "peak resident memory (GiB): driver" in res.stdout
 
