@@ -94,13 +94,17 @@ class ChunkedHead:
             s = kept_logits(model, mb, device)
         return s[:, 0], (s[:, 1] if with_entropy else None)
 
+    def _enabled(self) -> bool:
+        return self.chunk > 0 and supports_2d_logits_to_keep()
+
     def usable(self, model: torch.nn.Module) -> bool:
-        return self.chunk > 0 and supports_2d_logits_to_keep() and self._verdicts.get(id(model), True)
+        return self._enabled() and self._verdicts.get(id(model), True)
 
     def check(self, model: torch.nn.Module, device: Any, pad_id: int) -> bool:
         """Score 8 tokens both ways (no grad) and remember whether they agree; False: whole logits for this
-        model from now on. A collective under FSDP: every rank checks at the same point."""
-        if not (self.chunk > 0 and supports_2d_logits_to_keep()):
+        model from now on. Run before the model is sharded: a local forward on each rank (a forward of an
+        FSDP2 root outside training leaves its parameters unsharded, and the optimizer would hold those)."""
+        if not self._enabled():
             return False
         n = 8
         ids = (torch.arange(n, device=device) * 7 + 3 + pad_id) % _vocab(model)

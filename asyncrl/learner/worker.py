@@ -68,7 +68,7 @@ from asyncrl.learner.packing import (
 from asyncrl.models import Precision, compute_context, load_model, load_tokenizer, pad_token_id, precision
 from asyncrl.secrets import shown_config
 from asyncrl.util.cpus import native_bf16
-from asyncrl.util.memory import MemoryBudgetExceeded, check_machine_memory, machine_used, peak_gb, reset_peak
+from asyncrl.util.memory import MemoryBudgetExceeded, over_memory_stop, peak_gb, reset_peak
 from asyncrl.weight_sync.bucketing import iter_buckets
 
 
@@ -205,16 +205,14 @@ class LearnerWorker:
         """Before a micro-batch: MemoryBudgetExceeded on every rank when the machine's memory is past
         trainer.memory_stop_fraction on any (a collective: no rank is left waiting in the next one)."""
         stop = self.cfg.trainer.memory_stop_fraction
-        over = stop < 1 and machine_used()[0] >= stop
-        if self._max_over_ranks(int(over)):
-            advice = f"lower algorithm.micro_batch_tokens (now {self.algo.micro_batch_tokens})"
-            if not self.cfg.model.gradient_checkpointing:
-                advice += (", or set model.gradient_checkpointing=true (a micro-batch's activations are most of "
-                           "the learner's step: tens of KB per token per layer)")
-            if over:
-                check_machine_memory(stop, f"learner rank {self.rank}", advice)
-            raise MemoryBudgetExceeded(f"learner rank {self.rank}: another rank found the machine's memory over "
-                                       f"trainer.memory_stop_fraction={stop:g}; {advice}")
+        advice = f"lower algorithm.micro_batch_tokens (now {self.algo.micro_batch_tokens})"
+        if not self.cfg.model.gradient_checkpointing:
+            advice += (", or set model.gradient_checkpointing=true (a micro-batch's activations are most of "
+                       "the learner's step: tens of KB per token per layer)")
+        over = over_memory_stop(stop, f"learner rank {self.rank}", advice)
+        if self._max_over_ranks(int(over is not None)):
+            raise over or MemoryBudgetExceeded(f"learner rank {self.rank}: another rank found the machine's memory "
+                                               f"over trainer.memory_stop_fraction={stop:g}; {advice}")
 
     def _max_over_ranks(self, n: int) -> int:
         return max_over_ranks(n, self.world_size, self.device)

@@ -76,16 +76,24 @@ def machine_used() -> tuple[float, float]:
     return 1 - info["MemAvailable"] / total, total / (GIB / 1024)
 
 
-def check_machine_memory(stop_fraction: float, who: str, advice: str) -> None:
-    """Raise MemoryBudgetExceeded, naming `who` (this process's role), its resident memory and `advice`
-    (the settings that would lower it), when the machine's used fraction is at `stop_fraction` or above.
-    Ray's memory monitor kills workers at its own threshold (0.95 by default) with no word of why; the run
-    stops itself first, saying which process held what. `stop_fraction` >= 1: never."""
+def over_memory_stop(stop_fraction: float, who: str, advice: str) -> MemoryBudgetExceeded | None:
+    """The MemoryBudgetExceeded to raise, naming `who` (this process's role), its resident memory and `advice`
+    (the settings that would lower it), when the machine's used fraction is at `stop_fraction` or above;
+    None below it, or when `stop_fraction` >= 1 (never). One reading of the machine's memory."""
     if stop_fraction >= 1:
-        return
+        return None
     used, total = machine_used()
-    if used >= stop_fraction:
-        raise MemoryBudgetExceeded(
-            f"{who}: the machine's memory is {used:.0%} used ({used * total:.1f} of {total:.1f} GiB), at or over "
-            f"trainer.memory_stop_fraction={stop_fraction:g}, while this process holds {rss_gb():.2f} GiB "
-            f"(peak {peak_gb():.2f} GiB); {advice}")
+    if used < stop_fraction:
+        return None
+    return MemoryBudgetExceeded(
+        f"{who}: the machine's memory is {used:.0%} used ({used * total:.1f} of {total:.1f} GiB), at or over "
+        f"trainer.memory_stop_fraction={stop_fraction:g}, while this process holds {rss_gb():.2f} GiB "
+        f"(peak {peak_gb():.2f} GiB); {advice}")
+
+
+def check_machine_memory(stop_fraction: float, who: str, advice: str) -> None:
+    """Raise `over_memory_stop`'s error when there is one. Ray's memory monitor kills workers at its own
+    threshold (0.95 by default) with no word of why; the run stops itself first, saying which process held
+    what."""
+    if (e := over_memory_stop(stop_fraction, who, advice)) is not None:
+        raise e
