@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import importlib.util
 import json
+import tempfile
 
 import httpx
 import pytest
@@ -44,6 +45,7 @@ def server(corpus_path):
     yield proc
     proc.stop()
     assert proc.proc.poll() is not None
+    assert proc.scratch is not None and not proc.scratch.exists(), "the launch's own log dir outlived it"
 
 
 def test_world_is_seeded(world):
@@ -193,13 +195,17 @@ async def test_server_concurrent_requests(server, world):
 
 
 @pytest.mark.timeout(90)
-def test_start_retriever_reports_a_bad_corpus(tmp_path):
+def test_start_retriever_reports_a_bad_corpus(tmp_path, monkeypatch):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the launch makes its own log dir
     bad = tmp_path / "corpus.jsonl"
     bad.write_text('{"id": "1", "text": "no contents field"}\n')
     with pytest.raises(RuntimeError, match="(?s)did not start.*corpus.jsonl:1: expected an object with a string .contents."):
         start_retriever(bad, timeout=60)
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         start_retriever(tmp_path / "missing.jsonl")
+    assert list(scratch.iterdir()) == [], "a failed launch left its log dir behind"
 
 
 @pytest.mark.timeout(120)

@@ -31,7 +31,7 @@ DROP = [SETPRIV or "setpriv", f"--reuid={USER}", f"--regid={USER}", "--clear-gro
 ENV = {"HOME": "/tmp", "PATH": "/usr/bin:/bin"}
 
 DRIVER = r"""
-import asyncio, json, sys
+import asyncio, json, shutil, sys
 from asyncrl.sandbox import runner
 
 missing = runner.probe()
@@ -40,7 +40,11 @@ if missing:
     sys.exit(0)
 out = {}
 for name, code in json.loads(sys.argv[1]).items():
-    r = asyncio.run(runner.run(runner.new_episode_dir(), code, runner.Limits()))
+    d = runner.new_episode_dir()
+    try:
+        r = asyncio.run(runner.run(d, code, runner.Limits()))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
     out[name] = {"stdout": r.stdout.decode(errors="replace"), "stderr": r.stderr.decode(errors="replace"),
                  "rc": r.returncode}
 print(json.dumps(out))

@@ -8,6 +8,7 @@ binding a port. This module is light (no FastAPI, no index): the env imports it 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,10 +23,11 @@ READY_PREFIX = "asyncrl-retriever listening on "
 
 
 class RetrieverProcess:
-    """A running retrieval server child: `.url` (http://host:port), `.retrieve_url`, `.stop()`."""
+    """A running retrieval server child: `.url` (http://host:port), `.retrieve_url`, `.stop()`. `scratch`: the
+    temporary log dir the launch made itself (no `log_dir` given), removed by `stop()`."""
 
-    def __init__(self, proc: subprocess.Popen, url: str, log_path: Path):
-        self.proc, self.url, self.log_path = proc, url, log_path
+    def __init__(self, proc: subprocess.Popen, url: str, log_path: Path, scratch: Optional[Path] = None):
+        self.proc, self.url, self.log_path, self.scratch = proc, url, log_path, scratch
 
     @property
     def retrieve_url(self) -> str:
@@ -39,6 +41,8 @@ class RetrieverProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
     def __enter__(self) -> RetrieverProcess:
         return self
@@ -60,8 +64,8 @@ def start_retriever(corpus_path: str | Path, *, host: str = "127.0.0.1", port: i
     corpus = Path(corpus_path).expanduser().resolve()
     if not corpus.is_file():
         raise FileNotFoundError(f"retriever corpus {str(corpus_path)!r} not found (resolved to {corpus})")
-    log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="asyncrl-retriever-"))
-    log_path = log_dir / "retriever.log"
+    scratch = None if log_dir else Path(tempfile.mkdtemp(prefix="asyncrl-retriever-"))
+    log_path = Path(log_dir or scratch) / "retriever.log"
     cmd = [sys.executable, "-m", "asyncrl.cli", "retriever", "serve", "--corpus", str(corpus), "--host", host,
            "--port", str(port), "--method", method]
     with open(log_path, "wb") as log:
@@ -85,9 +89,12 @@ def start_retriever(corpus_path: str | Path, *, host: str = "127.0.0.1", port: i
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+        tail = _log_tail(log_path)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
         raise RuntimeError(f"retrieval server did not start (exit code {proc.returncode}); command: "
-                           f"{' '.join(cmd)}; log {log_path}:\n{_log_tail(log_path)}")
-    handle = RetrieverProcess(proc, url[0], log_path)
+                           f"{' '.join(cmd)}; its log:\n{tail}")
+    handle = RetrieverProcess(proc, url[0], log_path, scratch)
     while True:
         try:
             if httpx.get(handle.url + "/health", timeout=5.0).status_code == 200:
@@ -95,7 +102,7 @@ def start_retriever(corpus_path: str | Path, *, host: str = "127.0.0.1", port: i
         except httpx.HTTPError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
+            tail = _log_tail(log_path)
             handle.stop()
-            raise RuntimeError(f"retrieval server at {handle.url} never became healthy; log {log_path}:\n"
-                               f"{_log_tail(log_path)}")
+            raise RuntimeError(f"retrieval server at {handle.url} never became healthy; its log:\n{tail}")
         time.sleep(0.1)
