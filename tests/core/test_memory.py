@@ -3,6 +3,8 @@ machine's used fraction, and the stop that names who found the machine too full.
 
 from __future__ import annotations
 
+import mmap
+
 import pytest
 
 from asyncrl.config import ConfigError, load_config
@@ -19,10 +21,12 @@ from asyncrl.util.memory import (
 def test_the_peak_follows_a_large_block_and_starts_again_when_reset():
     assert reset_peak()
     before = rss_gb()
-    block = bytearray(300 * 2**20)
-    block[:: 4096] = b"x" * len(block[:: 4096])  # touch every page: resident
+    # fresh pages of its own (a malloc'd block may reuse pages an earlier test left resident in this worker)
+    block = mmap.mmap(-1, 300 * 2**20)
+    for i in range(0, len(block), 4096):  # touch every page: resident
+        block[i] = 1
     assert peak_gb() >= before + 0.25 and rss_gb() >= before + 0.25
-    del block
+    block.close()
     assert reset_peak()
     assert peak_gb() <= rss_gb() + 0.05  # the old peak is gone: the new one starts at what is resident now
     assert rss_gb(pid=999_999_999) == 0.0  # no such process: nothing, rather than an error
