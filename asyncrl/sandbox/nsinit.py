@@ -17,7 +17,9 @@ It is started by `asyncrl.sandbox.runner` and is the only code that holds privil
    files in, pivots into the view and detaches the host root, makes itself non-dumpable, then forks
    the user program: unprivileged identity (uid 65534, or a nested user namespace mapping 65534 to the
    init's uid when 65534 is not mapped), no_new_privs, rlimits, scrubbed environment, new session.
-   The init relays its stdout/stderr with a per-stream cap, enforces the wall clock, and when the
+   The init relays its stdout/stderr with a per-stream cap, enforces the wall clock and the call's
+   resident total (`limits.total_bytes`: the resident memory of all of the call's processes together,
+   read from /proc every `MEMORY_POLL_S`; RLIMIT_AS bounds each process alone), and when the
    program ends (or a limit trips) kills every other process of the namespace and reaps them. Then
    it copies the regular files and directories of /tmp/work (never following links, bounded by the
    tmpfs caps) back to the episode directory and writes `status` (marshal) there.
@@ -357,9 +359,32 @@ def kill_all_others() -> None:
             return
 
 
-def relay(cfg: dict, pid: int, out_r: int, err_r: int, kill: Callable[[], None]) -> dict:
-    """Forward the program's output (capped per stream) until it exits or a limit trips."""
+MEMORY_POLL_S = 0.02
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_bytes(group: int | None) -> int:
+    """The resident memory of the call's processes: every process this PID namespace shows but the init
+    (`group` None), or those of process group `group` (the unisolated mode, on the host's /proc)."""
+    total, me = 0, os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            if group is not None and os.getpgid(int(name)) != group:
+                continue
+            with open(f"/proc/{name}/statm", "rb") as f:
+                total += int(f.read().split()[1]) * PAGE
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
+    return total
+
+
+def relay(cfg: dict, pid: int, out_r: int, err_r: int, kill: Callable[[], None], group: int | None = None) -> dict:
+    """Forward the program's output (capped per stream) until it exits or a limit trips (the wall clock, the
+    output cap, the resident total of the call's processes: `resident_bytes(group)`)."""
     cap, deadline = cfg["max_output_bytes"], time.monotonic() + cfg["timeout_s"]
+    total_cap = cfg["limits"].get("total_bytes", 0)
     sent = {out_r: 0, err_r: 0}
     dest = {out_r: 1, err_r: 2}
 
@@ -379,7 +404,10 @@ def relay(cfg: dict, pid: int, out_r: int, err_r: int, kill: Callable[[], None])
         if left <= 0:
             reason = "timeout"
             break
-        ready, _, _ = select.select(open_fds, [], [], left)
+        ready, _, _ = select.select(open_fds, [], [], min(left, MEMORY_POLL_S) if total_cap else left)
+        if total_cap and resident_bytes(group) > total_cap:
+            reason = "memory"
+            break
         for fd in ready:
             if fd == exited:
                 continue
@@ -457,7 +485,7 @@ def run_plain(cfg: dict) -> None:
         except ChildProcessError:
             pass
 
-    result = relay(cfg, pid, out_r, err_r, kill)
+    result = relay(cfg, pid, out_r, err_r, kill, group=pid)
     episode = os.open(cfg["episode_dir"], os.O_RDONLY | os.O_DIRECTORY)
     fd = os.open("status", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=episode)
     os.write(fd, marshal.dumps(result))

@@ -81,7 +81,8 @@ class SandboxError(RuntimeError):
 class Limits:
     timeout_s: float = 10.0
     cpu_s: int = 5
-    memory_mb: int = 512
+    memory_mb: int = 512  # per process (RLIMIT_AS)
+    memory_total_mb: int = 1024  # resident, all of the call's processes together
     max_file_mb: int = 16
     max_processes: int = 16
     max_output_bytes: int = 8192
@@ -90,8 +91,8 @@ class Limits:
     hide: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_s", "memory_mb", "max_file_mb", "max_processes", "max_output_bytes",
-                     "scratch_mb", "scratch_inodes"):
+        for name in ("timeout_s", "cpu_s", "memory_mb", "memory_total_mb", "max_file_mb", "max_processes",
+                     "max_output_bytes", "scratch_mb", "scratch_inodes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"sandbox limit {name}={getattr(self, name)!r}: must be > 0")
         for p in self.hide:
@@ -105,7 +106,7 @@ class RunResult:
     stdout: bytes
     stderr: bytes
     returncode: int
-    killed: Optional[str]  # None, "timeout" or "output"
+    killed: Optional[str]  # None, "timeout", "output" or "memory" (the call's resident total)
 
 
 SYSTEM_TREES = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/sys", "/dev")
@@ -142,6 +143,7 @@ def _config(episode_dir: str, limits: Limits, isolate: bool, interpreter: str) -
             "argv": [interpreter, "-I", "-B", "main.py"],
             "env": {**SANDBOX_ENV, "HOME": cwd, "TMPDIR": cwd},
             "limits": {"cpu_s": int(limits.cpu_s), "as_bytes": int(limits.memory_mb) << 20,
+                       "total_bytes": int(limits.memory_total_mb) << 20,
                        "fsize_bytes": int(limits.max_file_mb) << 20, "nproc": int(limits.max_processes)}}
 
 

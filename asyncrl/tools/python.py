@@ -6,7 +6,10 @@ episode. A call runs `python -I -B main.py` isolated (own user, mount, PID, netw
 namespaces; read-only view of the system; a capped scratch tmpfs as the only writable place;
 uid 65534, no_new_privs, rlimits; every process of the call killed when it ends): see
 `asyncrl/sandbox/__init__.py` for the boundary. Limits: `cpu_seconds` (RLIMIT_CPU), `memory_mb`
-(RLIMIT_AS), `max_file_mb` (RLIMIT_FSIZE), `max_processes` (RLIMIT_NPROC), `scratch_mb` and
+(RLIMIT_AS, per process), `memory_total_mb` (the resident memory of all of a call's processes together,
+watched every 20 ms; the call is killed past it), `max_concurrent_calls` (calls of one tool object, i.e.
+one rollout worker, at once: the worker's sandboxes hold at most that times `memory_total_mb`, plus what
+one 20 ms poll lets through), `max_file_mb` (RLIMIT_FSIZE), `max_processes` (RLIMIT_NPROC), `scratch_mb` and
 `scratch_inodes` (the tmpfs), `timeout_s` (wall clock), `max_output_bytes` (per stream; the run is
 killed past it); `hide` lists more host paths to cover with an empty read-only tmpfs (e.g. a run's
 output directory that lies outside /tmp, /home, /root), and `hide_cwd` (default true) covers the
@@ -48,7 +51,8 @@ class PythonTool(Tool):
         "properties": {"code": {"type": "string", "description": "the Python program; print the results you need"}},
         "required": ["code"],
     }
-    defaults = {"timeout_s": 10.0, "cpu_seconds": 5, "memory_mb": 512, "max_file_mb": 16,
+    defaults = {"timeout_s": 10.0, "cpu_seconds": 5, "memory_mb": 512, "memory_total_mb": 1024,
+                "max_concurrent_calls": 4, "max_file_mb": 16,
                 "max_output_bytes": 8192, "network_namespace": True, "allow_unisolated": False,
                 "scratch_mb": 64, "scratch_inodes": 4096, "max_processes": 16, "hide": [], "hide_cwd": True}
 
@@ -62,7 +66,8 @@ class PythonTool(Tool):
             raise ValueError(f"python tool config: network_namespace={o['network_namespace']!r}: the sandbox always "
                              "runs in its own empty network namespace; there is no way to turn that off")
         self.limits = runner.Limits(timeout_s=float(o["timeout_s"]), cpu_s=int(o["cpu_seconds"]),
-                                    memory_mb=int(o["memory_mb"]), max_file_mb=int(o["max_file_mb"]),
+                                    memory_mb=int(o["memory_mb"]), memory_total_mb=int(o["memory_total_mb"]),
+                                    max_file_mb=int(o["max_file_mb"]),
                                     max_processes=int(o["max_processes"]), max_output_bytes=int(o["max_output_bytes"]),
                                     scratch_mb=int(o["scratch_mb"]), scratch_inodes=int(o["scratch_inodes"]),
                                     hide=list(o["hide"]) + _cwd_to_hide(o["hide_cwd"]))
@@ -75,6 +80,10 @@ class PythonTool(Tool):
                     "allow_unisolated: true in the tool's config to run model-written code unisolated")
             log.warning("python tool: isolation cannot be set up here (%s); running model-written code UNISOLATED "
                         "because allow_unisolated is true", missing)
+        if not (isinstance(o["max_concurrent_calls"], int) and o["max_concurrent_calls"] > 0):
+            raise ValueError(f"python tool config: max_concurrent_calls={o['max_concurrent_calls']!r}: must be an "
+                             "integer > 0")
+        self._calls = asyncio.Semaphore(o["max_concurrent_calls"])  # bounds the worker's sandboxes' memory
         self._dirs: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}  # calls of one episode share its files: one at a time
 
@@ -98,14 +107,14 @@ class PythonTool(Tool):
         if instance_id not in self._dirs:
             await self.create(instance_id)
         try:
-            async with self._locks[instance_id]:
+            async with self._locks[instance_id], self._calls:
                 r = await runner.run(self._dirs[instance_id], params["code"], self.limits, isolate=self.isolated)
         except runner.SandboxError as e:
             raise ToolError(f"the sandbox failed: {e}") from e
         timed_out, capped = r.killed == "timeout", r.killed == "output"
         metrics = {"exit_code": float(r.returncode), "timed_out": float(timed_out), "output_capped": float(capped),
-                   "isolated": float(self.isolated)}
-        return _format(r.stdout, r.stderr, r.returncode, timed_out, capped, self.opts), 0.0, metrics
+                   "memory_killed": float(r.killed == "memory"), "isolated": float(self.isolated)}
+        return _format(r.stdout, r.stderr, r.returncode, r.killed, self.opts), 0.0, metrics
 
 
 def _cwd_to_hide(hide_cwd: bool) -> list[str]:
@@ -114,13 +123,15 @@ def _cwd_to_hide(hide_cwd: bool) -> list[str]:
     return [cwd] if hide_cwd and runner.can_hide(cwd) else []
 
 
-def _format(out: bytes, err: bytes, rc: int, timed_out: bool, capped: bool, o: dict[str, Any]) -> str:
+def _format(out: bytes, err: bytes, rc: int, killed: str | None, o: dict[str, Any]) -> str:
     text = out.decode("utf-8", "replace")
     problems = []
-    if timed_out:
+    if killed == "timeout":
         problems.append(f"killed: wall-clock limit of {o['timeout_s']} s exceeded")
-    elif capped:
+    elif killed == "output":
         problems.append(f"killed: output exceeded {o['max_output_bytes']} bytes")
+    elif killed == "memory":
+        problems.append(f"killed: its processes together held over {o['memory_total_mb']} MB")
     elif rc < 0:
         sig = signal.Signals(-rc)
         problems.append(f"killed by {sig.name}: {_SIGNALS.get(sig, 'signal')}")

@@ -347,6 +347,61 @@ except MemoryError:
     await still_answers(tool)
 
 
+HOLD_RESIDENT = """
+import os, time
+kids = []
+for _ in range({n}):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(120 * 2**20)
+        block[::4096] = b"x" * len(block[::4096])  # every page resident, each process under its own cap
+        time.sleep(1.5)
+        os._exit(0)
+    kids.append(pid)
+print("children", [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids])
+"""
+
+
+async def test_the_resident_total_of_a_calls_processes_is_bounded():
+    """Four processes of 120 MiB each, every one under its own `memory_mb` (RLIMIT_AS): 480 MiB together,
+    over `memory_total_mb=300`: the call is killed, saying why. One such process alone runs to the end."""
+    t = PythonTool({**CFG, "memory_mb": 256, "memory_total_mb": 300})
+    await t.create("ep")
+    try:
+        text, _, m = await t.execute("ep", {"code": HOLD_RESIDENT.format(n=4)})
+        assert "[killed: its processes together held over 300 MB]" in text, text
+        assert m["memory_killed"] == 1.0 and m["timed_out"] == 0.0, m
+        text, _, m = await t.execute("ep", {"code": HOLD_RESIDENT.format(n=1)})
+        assert (text, m["memory_killed"]) == ("children [0]\n", 0.0), (text, m)
+    finally:
+        await t.release("ep")
+
+
+async def test_calls_of_one_worker_beyond_max_concurrent_calls_wait_their_turn():
+    """`max_concurrent_calls=1`: while one call runs, a second call has not begun (a call writes its program
+    into the episode's files before it launches anything); it runs and answers once the first ends."""
+    t = PythonTool({**CFG, "max_concurrent_calls": 1})
+    await t.create("a")
+    await t.create("b")
+    try:
+        first = asyncio.create_task(t.execute("a", {"code": "import time; time.sleep(3); print('a')"}))
+        for _ in range(200):  # until a's sandbox is up
+            if host_pids_with(t._dirs["a"].encode().hex()):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail("the first call's sandbox never started")
+        second = asyncio.create_task(t.execute("b", {"code": "print('b')"}))
+        await asyncio.sleep(0.2)  # the event loop runs the second call up to where it waits
+        assert not second.done() and not (Path(t.workdir("b")) / "main.py").exists()
+        assert (await first)[0] == "a\n" and (await second)[0] == "b\n"
+    finally:
+        await t.release("a")
+        await t.release("b")
+    with pytest.raises(ValueError, match=r"max_concurrent_calls=0: must be an integer > 0"):
+        PythonTool({"max_concurrent_calls": 0})
+
+
 async def test_disk_fill_by_many_small_files_is_capped(tool):
     code = """
 import os

@@ -46,7 +46,7 @@ for name, code in json.loads(sys.argv[1]).items():
     finally:
         shutil.rmtree(d, ignore_errors=True)
     out[name] = {"stdout": r.stdout.decode(errors="replace"), "stderr": r.stderr.decode(errors="replace"),
-                 "rc": r.returncode}
+                 "rc": r.returncode, "killed": r.killed}
 print(json.dumps(out))
 """
 
@@ -139,6 +139,10 @@ def test_an_ordinary_user_runs_the_python_tool_isolated_and_the_attacks_are_cont
         "network": (f"import socket\ns = socket.socket()\ns.settimeout(2)\ntry:\n    s.connect(('127.0.0.1', {port}))\n"
                     "    print('connected')\nexcept OSError as e:\n    print('refused', e.errno)"),
         "normal": "print(6 * 7)",
+        # 5 processes of 240 MiB resident, each under its own 512 MiB: 1.2 GiB over the call's 1 GiB total
+        "resident": ("import os, time\nfor _ in range(5):\n    if os.fork() == 0:\n        b = bytearray(240 << 20)\n"
+                     "        b[::4096] = b'x' * len(b[::4096])\n        time.sleep(3)\n        os._exit(0)\n"
+                     "os.wait()\nprint('all held')"),
     }
     out = run_as_user(staged, programs)
     assert out["identity"]["rc"] == 0, out["identity"]["stderr"]
@@ -150,6 +154,7 @@ def test_an_ordinary_user_runs_the_python_tool_isolated_and_the_attacks_are_cont
     assert out["signal"]["stdout"].startswith("refused") and proc.poll() is None  # the canary lives
     assert out["network"]["stdout"].startswith("refused"), out["network"]
     assert (out["normal"]["stdout"], out["normal"]["rc"]) == ("42\n", 0)
+    assert out["resident"]["killed"] == "memory" and "all held" not in out["resident"]["stdout"], out["resident"]
 
 
 def test_an_ordinary_users_run_files_are_hidden_from_its_programs(staged):
