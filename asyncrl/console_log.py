@@ -26,11 +26,18 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # `asyncrl train
 class _Tee:
     """A text stream writing to `stream` and, redacted, to `log`."""
 
-    def __init__(self, stream: IO[str], log: IO[str], secrets: list[str]):
+    def __init__(self, stream: IO[str], log: Optional[IO[str]], secrets: list[str]):
         self.stream, self.log, self.secrets = stream, log, secrets
 
     def write(self, text: str) -> int:
         n = self.stream.write(text)
+        self.record(text)
+        return n
+
+    def record(self, text: str) -> None:
+        """`text`, redacted, into the log alone."""
+        if self.log is None:
+            return
         clean = text
         for s in self.secrets:
             clean = clean.replace(s, REDACTED)
@@ -38,14 +45,23 @@ class _Tee:
             self.log.write(clean)
         except ValueError:  # the log was closed under a late writer (a thread at exit): the console still gets it
             pass
-        return n
+        except OSError as e:  # a full disk: the console goes on, the record stops here (said once per stream)
+            self._stop(e)
 
     def flush(self) -> None:
         self.stream.flush()
+        if self.log is None:
+            return
         try:
             self.log.flush()
         except ValueError:
             pass
+        except OSError as e:
+            self._stop(e)
+
+    def _stop(self, e: OSError) -> None:
+        self.log = None
+        self.stream.write(f"asyncrl: the console record (train.log) stops here: {e}\n")
 
     def __getattr__(self, name: str):
         return getattr(self.stream, name)
@@ -64,11 +80,12 @@ class ConsoleLog:
 
     def __enter__(self) -> ConsoleLog:
         self._file = open(self.path, "a", encoding="utf-8", errors="replace", buffering=1)
-        if self.banner:
-            self._file.write(f"==== {self.banner} {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n")
         self._out, self._err = sys.stdout, sys.stderr
-        sys.stdout = _Tee(self._out, self._file, self.secrets)  # type: ignore[assignment]
-        sys.stderr = _Tee(self._err, self._file, self.secrets)  # type: ignore[assignment]
+        out, err = _Tee(self._out, self._file, self.secrets), _Tee(self._err, self._file, self.secrets)
+        if self.banner:
+            out.record(f"==== {self.banner} {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n")
+            err.log = out.log  # a record that stopped at the banner stays stopped
+        sys.stdout, sys.stderr = out, err  # type: ignore[assignment]
         for h in logging.getLogger().handlers:
             if isinstance(h, logging.StreamHandler) and h.stream in (self._out, self._err):
                 self._saved.append((h, h.stream))
@@ -80,7 +97,10 @@ class ConsoleLog:
             h.setStream(stream)
         sys.stdout, sys.stderr = self._out, self._err
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # a full disk: what the record missed, the console had
+                pass
 
 
 def write_overrides(run_dir: Path, overrides: list[str]) -> Path:

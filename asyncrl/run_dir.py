@@ -100,6 +100,8 @@ DROPPED_GROUPS = Entry("dropped_groups.jsonl", False, True,
 TRAJECTORIES = Entry("trajectories-w*.jsonl", False, True,
                      "rollout worker k's readable trajectories (asyncrl/rollout/trajectory_log.py)")
 SUMMARY = Entry("summary.json", False, True, "how the run ended and what it did (asyncrl/run/controller.py)")
+SUMMARY_RESERVE = Entry("summary.reserve", False, True, "1 MiB held while the run lives, given back just before "
+                        "summary.json is written: a full disk still takes the summary (asyncrl/run/controller.py)")
 CHECKPOINTS = Entry("checkpoints", True, True,
                     "the learner's checkpoints, one per `checkpoint_name` (asyncrl/learner/checkpoint.py)")
 BUFFER = Entry("buffer", True, True, "the replay buffer's log, unless buffer.wal_dir puts it elsewhere (asyncrl/buffer/wal.py)")
@@ -118,8 +120,8 @@ WARM_START_DISCARDED = Entry(WARM_START.name + "-discarded-*", True, False,
 DISCARDED = Entry("discarded-*", True, False, "a previous run's files, moved aside by trainer.resume=auto (`aside_dir`)")
 # every name a run writes at its directory's top level; tests/e2e/test_train.py checks real runs against it
 LAYOUT: tuple[Entry, ...] = (LOCK, RECORD, CONFIG, OVERRIDES, TRAIN_LOG, METRICS, TRAINED_UIDS, DROPPED_GROUPS,
-                             TRAJECTORIES, SUMMARY, CHECKPOINTS, BUFFER, WEIGHT_SYNC, ENGINES, ENGINE_RESTART_WEIGHTS,
-                             FINAL, WANDB, REPORT, WARM_START, WARM_START_DISCARDED, DISCARDED)
+                             TRAJECTORIES, SUMMARY, SUMMARY_RESERVE, CHECKPOINTS, BUFFER, WEIGHT_SYNC, ENGINES,
+                             ENGINE_RESTART_WEIGHTS, FINAL, WANDB, REPORT, WARM_START, WARM_START_DISCARDED, DISCARDED)
 # a previous run's files, moved aside by `resume=auto` when it finds no checkpoint (nothing else is touched)
 RUN_STATE: tuple[Entry, ...] = tuple(e for e in LAYOUT if e.run_state)
 ASIDE_BUFFER_LOG = "buffer-log"  # in a discarded-* dir: the run's buffer log when buffer.wal_dir put it elsewhere
@@ -160,6 +162,7 @@ class RunLayout:
     trained_uids = property(lambda self: self.path(TRAINED_UIDS))
     dropped_groups = property(lambda self: self.path(DROPPED_GROUPS))
     summary = property(lambda self: self.path(SUMMARY))
+    summary_reserve = property(lambda self: self.path(SUMMARY_RESERVE))
     checkpoints = property(lambda self: self.path(CHECKPOINTS))
     buffer = property(lambda self: self.path(BUFFER))
     weight_sync = property(lambda self: self.path(WEIGHT_SYNC))

@@ -1,28 +1,15 @@
-"""Disk-full handling of the buffer's log directory: which failures mean "disk full", how much is free,
-and the preallocated reserve that keeps room for the small records of GET, COMMIT, FAIL and VERSION
-while PUTs are refused (rules: asyncrl/buffer/server.py, "Disk full")."""
+"""Disk-full handling of the buffer's log directory: the preallocated reserve that keeps room for the small records of GET, COMMIT, FAIL and VERSION
+while PUTs are refused (rules: asyncrl/buffer/server.py, "Disk full"; which failures mean "disk full" and
+how much is free: asyncrl/util/durable.py)."""
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 
-FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+from asyncrl.util.durable import full_errno
+
 RESERVE_NAME = "buffer.reserve"
-
-
-def full_errno(e: BaseException) -> int | None:
-    """The errno of a disk-full failure (ENOSPC, EDQUOT) behind `e` (an OSError, or an error raised from
-    one, like `WalError`); None for anything else (EIO, EFBIG, EBADF, ...)."""
-    cause = e if isinstance(e, OSError) else e.__cause__
-    return cause.errno if isinstance(cause, OSError) and cause.errno in FULL_ERRNOS else None
-
-
-def free_bytes(directory: str | Path) -> int:
-    """Bytes an unprivileged writer may still use on the filesystem of `directory`."""
-    st = os.statvfs(directory)
-    return st.f_bavail * st.f_frsize
 
 
 class DiskReserve:

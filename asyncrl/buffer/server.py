@@ -55,12 +55,13 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
 from asyncrl.buffer import protocol as P
-from asyncrl.buffer.diskspace import DiskReserve, free_bytes, full_errno
+from asyncrl.buffer.diskspace import DiskReserve
 from asyncrl.buffer.keys import BufferKeys, curve_enabled
 from asyncrl.buffer.store import BufferState, Entry
 from asyncrl.buffer.wal import WalError, WriteAheadLog, frame_parts, should_compact
 from asyncrl.config import BufferConfig
 from asyncrl.data.schema import SchemaError, Trajectory
+from asyncrl.util.durable import free_bytes, full_errno
 from asyncrl.util.net import is_loopback
 
 log = logging.getLogger(__name__)

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -44,7 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
 from asyncrl.run_dir import RunLayout, checkpoint_dirs, critic_dir
 from asyncrl.run_dir import latest_checkpoint as latest_checkpoint  # re-exported: the naming is run_dir's
 from asyncrl.run_dir import step_dir as step_dir
-from asyncrl.util.durable import fsync_dir
+from asyncrl.util.durable import free_bytes, fsync_dir, full_errno
 
 MARKER = "COMPLETE"
 
@@ -116,40 +117,110 @@ def save(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
          modules: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None) -> Path:
     """Collective: every rank calls it. Writes model + optimizer (DCP), per-rank RNG, and `meta` (rank 0);
     `modules` (e.g. {"critic": (model, optimizer)}) go into the same DCP save under their names, so they
-    are committed by the same marker and rename as the policy."""
+    are committed by the same marker and rename as the policy.
+
+    A write that fails on any rank fails the save on every rank (no rank is left waiting at a barrier):
+    `<path>.tmp` is removed, `<path>` and older checkpoints are as they were, and every rank raises
+    `CheckpointDiskFull` when any found the disk (or quota) full, else its own error (`CheckpointError` on
+    the ranks that only learned of another's failure)."""
     final = Path(path)
     tmp = final.with_name(final.name + ".tmp")
     rank = _rank()
+    failure: BaseException | None = None
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier crashed save
-        tmp.mkdir(parents=True)
-    _barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
-    for name, (m, o) in (modules or {}).items():
-        state[name], state[f"{name}_optim"] = get_state_dict(m, o)
-    with _quiet():
-        dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
-    _write(tmp / f"rng_rank{rank}.pt", rng_state())
-    _barrier()
-    if rank == 0:
-        _write(tmp / "meta.pt", meta)
-        if config is not None:
-            (tmp / "config.json").write_text(json.dumps(config, indent=1, default=str))
-        with open(tmp / MARKER, "w") as f:
-            f.write("ok\n")
-            f.flush()
-            os.fsync(f.fileno())
-        fsync_dir(tmp)
-        old = final.with_name(final.name + ".old")
-        if final.exists():
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier crashed save
+            tmp.mkdir(parents=True)
+        except Exception as e:
+            failure = e
+    if (worst := _worst(failure, final.parent)) != _OK:  # also the barrier before any rank writes into tmp
+        _abandon(final, tmp, failure, worst)
+    try:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        for name, (m, o) in (modules or {}).items():
+            state[name], state[f"{name}_optim"] = get_state_dict(m, o)
+        with _quiet():
+            dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
+        _write(tmp / f"rng_rank{rank}.pt", rng_state())
+    except (Exception, CheckpointException) as e:  # DCP's is a BaseException
+        failure = e
+    if (worst := _worst(failure, final.parent)) != _OK:
+        _abandon(final, tmp, failure, worst)
+    try:
+        if rank == 0:
+            _write(tmp / "meta.pt", meta)
+            if config is not None:
+                (tmp / "config.json").write_text(json.dumps(config, indent=1, default=str))
+            with open(tmp / MARKER, "w") as f:
+                f.write("ok\n")
+                f.flush()
+                os.fsync(f.fileno())
+            fsync_dir(tmp)
+            old = final.with_name(final.name + ".old")
+            if final.exists():
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(final, old)
+            os.replace(tmp, final)
+            fsync_dir(final.parent)
             shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-        os.replace(tmp, final)
-        fsync_dir(final.parent)
-        shutil.rmtree(old, ignore_errors=True)
-    _barrier()
+    except (Exception, CheckpointException) as e:  # DCP's is a BaseException
+        failure = e
+    if (worst := _worst(failure, final.parent)) != _OK:
+        _abandon(final, tmp, failure, worst)
     return final
+
+
+class CheckpointDiskFull(CheckpointError):
+    """A checkpoint save that found its disk (or quota) full; nothing of the new checkpoint was kept."""
+
+
+_OK, _FAILED, _DISK_FULL = 0, 1, 2
+
+
+# torch's own writer reports a short write on a full disk as "unexpected pos" (a RuntimeError without an
+# errno): a failed write on a device with less than this free is taken as the disk being full
+FULL_BELOW_BYTES = 4 << 20
+
+
+def _is_full(failure: BaseException, where: Path) -> bool:
+    if full_errno(failure) is not None:
+        return True
+    try:
+        return free_bytes(where) < FULL_BELOW_BYTES
+    except OSError:
+        return False
+
+
+def _worst(failure: BaseException | None, where: Path) -> int:
+    """The worst outcome over the ranks (collective; this rank's own without a process group): _OK,
+    _FAILED, or _DISK_FULL when any rank found the disk full (`where`: a dir on the checkpoint's device)."""
+    mine = _OK if failure is None else _DISK_FULL if _is_full(failure, where) else _FAILED
+    if not dist.is_initialized():
+        return mine
+    flag = torch.tensor([mine], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item())
+
+
+def _abandon(final: Path, tmp: Path, failure: BaseException | None, worst: int) -> None:
+    """Remove the failed save's `<path>.tmp` (rank 0, after every rank stopped writing) and raise: on every
+    rank `CheckpointDiskFull` when any rank found the disk full, else this rank's own error."""
+    _barrier()
+    if _rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _barrier()
+    if worst == _DISK_FULL:
+        try:
+            free = f"{free_bytes(final.parent) / 2**20:.1f} MiB free"
+        except OSError:
+            free = "free space unknown"
+        raise CheckpointDiskFull(f"no space left on the device of {final.parent} writing checkpoint {final.name} "
+                                 f"({free} after removing what it had written); nothing of it was kept") \
+            from None
+    if failure is None:
+        raise CheckpointError(f"checkpoint {final} was not written: another rank's write failed")
+    raise failure
 
 
 def check_complete(path: str | os.PathLike) -> Path:

@@ -37,7 +37,7 @@ from asyncrl import registry
 from asyncrl.config import Config
 from asyncrl.console_log import LOG_FORMAT, ConsoleLog, write_overrides
 from asyncrl.envs.base import resolve_env
-from asyncrl.learner.checkpoint import checkpoint_version, prune_checkpoints
+from asyncrl.learner.checkpoint import CheckpointDiskFull, checkpoint_version, prune_checkpoints
 from asyncrl.metrics import MetricsLogger
 from asyncrl.run.fleet import Fleet, load_rows
 from asyncrl.run.ray_auth import private_local_ray, readable_token_file
@@ -50,6 +50,7 @@ from asyncrl.run_dir import (
     VersionLog,
     checkpoint_step,
     describe_holder,
+    latest_checkpoint,
     make_private,
     prepare_run,
     run_dir,
@@ -60,6 +61,7 @@ from asyncrl.secrets import shown_config, withhold_env
 from asyncrl.sft.warm_start import WarmStartError, warm_start_in_child
 from asyncrl.util.auth import ENV as ENGINE_TOKEN_ENV
 from asyncrl.util.auth import ensure_token
+from asyncrl.util.durable import full_errno
 from asyncrl.util.isolated import call_isolated
 from asyncrl.util.memory import MemoryBudgetExceeded, check_machine_memory
 from asyncrl.util.stop_signals import raise_if_stopping, stop_on_signals
@@ -135,6 +137,7 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
 
     env = resolve_env(cfg.env.name)
     rows = load_rows(cfg, env, "train") if rows is None else rows
+    reserve_summary_room(layout)  # a disk that fills later still takes the summary
     stop_signal = stop_on_signals()
     try:  # a machine already that full would have Ray's memory monitor kill the run's workers part-way
         check_machine_memory(cfg.trainer.memory_stop_fraction, "the driver (asyncrl train), before the run "
@@ -173,19 +176,20 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
                        "diagnosis": e.verdict.diagnosis})
         log.error("stopping: %s", ending["diagnosis"])
         if fleet.step > fleet.last_checkpoint_step:
-            try:
-                fleet.checkpoint(layout.checkpoints)
-            except Exception as ce:  # the stop goes on: its reason matters more than this checkpoint
-                log.error("the checkpoint before stopping failed: %r", ce)
+            # the stop goes on either way: its reason matters more than this checkpoint
+            if missed := _checkpoint_on_the_way_out(fleet, layout, "before stopping"):
+                ending["diagnosis"] += f"; {missed}"
     except KeyboardInterrupt:
         log.warning("interrupted: shutting down%s", " after a checkpoint" if cfg.trainer.checkpoint_every else "")
         signum = stop_signal.get("signum", signal.SIGINT)
         ending.update(exit_code=128 + signum, exit_reason=f"interrupted ({signal.Signals(signum).name})")
         if cfg.trainer.checkpoint_every and fleet.step > fleet.last_checkpoint_step:
-            fleet.checkpoint(layout.checkpoints)
+            ending["diagnosis"] = _checkpoint_on_the_way_out(fleet, layout, "at the interrupt")
     except BaseException as e:
-        ending.update(exit_reason=f"crashed: {e!r}"[:500])
-        raise
+        if not disk_full(e):
+            ending.update(exit_reason=f"crashed: {e!r}"[:500])
+            raise
+        ending.update(disk_full_ending(e, layout))  # the summary's last line says it
     finally:
         try:
             counts = fleet.summary()
@@ -194,10 +198,61 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
             counts = {}
         summary = settle(ending, counts)
         fleet.shutdown()
-        metrics.close()
+        try:
+            metrics.close()
+        except OSError as e:  # a full disk: the summary still goes out
+            log.error("could not close the metrics log: %s", e)
         ray.shutdown()
         _report(out, summary)
     return summary["exit_code"]
+
+
+def disk_full(e: BaseException) -> bool:
+    """Whether `e` is the driver's or a checkpoint's write failing on a full disk (or quota)."""
+    return isinstance(e, CheckpointDiskFull) or (isinstance(e, Exception) and full_errno(e) is not None)
+
+
+def disk_full_ending(e: BaseException, layout: RunLayout) -> dict[str, Any]:
+    """How a run whose disk filled ends (exit 1): what failed, what was kept, how to go on."""
+    return {"exit_code": EXIT_ERROR, "exit_reason": "stopped: disk full",
+            "diagnosis": f"{e if isinstance(e, CheckpointDiskFull) else repr(e)}; "
+                         f"{_kept(layout, 'free space and resume with trainer.resume=auto')}"}
+
+
+def _kept(layout: RunLayout, then: str = "resume with trainer.resume=auto") -> str:
+    ckpt = latest_checkpoint(layout.checkpoints)
+    where = f"the last checkpoint is {ckpt}" if ckpt is not None else "no checkpoint was written"
+    return f"{where}, and every trajectory the buffer acknowledged is in its log: {then}"
+
+
+def _checkpoint_on_the_way_out(fleet: Fleet, layout: RunLayout, when: str) -> str:
+    """A checkpoint of a run that is stopping anyway: "" once written, else one line saying why not and
+    what was kept (a full disk; or the run's processes gone, when a scheduler's signal reached every
+    process of the job at once, as slurm's scancel does: Ray's workers stop on it too)."""
+    try:
+        fleet.checkpoint(layout.checkpoints)
+        return ""
+    except Exception as e:
+        if disk_full(e):
+            return f"{e}; {_kept(layout, 'free space and resume with trainer.resume=auto')}"
+        first = (str(e).splitlines() or [repr(e)])[0]
+        return f"no checkpoint {when}: {first[:200]}; {_kept(layout)}"
+
+
+SUMMARY_ROOM = 1 << 20  # bytes held for summary.json and the run's last lines
+
+
+def reserve_summary_room(layout: RunLayout) -> None:
+    """Hold SUMMARY_ROOM bytes in the run dir (`summary.reserve`), released by `_report` just before it writes
+    summary.json: a disk that fills during the run (a checkpoint, the buffer's log) still takes the summary."""
+    try:
+        fd = os.open(layout.summary_reserve, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, SUMMARY_ROOM)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        log.warning("could not hold %d bytes for the summary in %s: %s", SUMMARY_ROOM, layout.root, e)
 
 
 def memory_stop(e: MemoryBudgetExceeded) -> dict[str, Any]:
@@ -233,9 +288,13 @@ def _warm_start(cfg: Config, rows: Any, out: Path, start: RunStart, stop_signal:
         ending = {"exit_code": 128 + signum, "exit_reason": f"interrupted ({signal.Signals(signum).name}) during "
                   f"the warm start (trainer.resume=auto on {out} resumes its SFT)", "diagnosis": ""}
     except BaseException as e:
-        _report(out, settle({"exit_code": EXIT_ERROR, "exit_reason": f"crashed in the warm start: {e!r}"[:500],
-                             "diagnosis": ""}, {}))
-        raise
+        if not disk_full(e):
+            _report(out, settle({"exit_code": EXIT_ERROR, "exit_reason": f"crashed in the warm start: {e!r}"[:500],
+                                 "diagnosis": ""}, {}))
+            raise
+        ending = {"exit_code": EXIT_ERROR, "exit_reason": "stopped: disk full in the warm start",
+                  "diagnosis": f"{e}; free space and start again with trainer.resume=auto: the warm start resumes "
+                               f"its SFT from its last checkpoint"}
     else:
         if warm is not None:
             cfg.model.path = str(warm.model)
@@ -267,8 +326,16 @@ def settle(ending: dict[str, Any], counts: dict[str, Any]) -> dict[str, Any]:
 
 def _report(out: Path, summary: dict[str, Any]) -> None:
     """The run's summary as summary.json and one line on stdout; a watchdog's diagnosis last on stderr."""
-    path = RunLayout(out).summary
-    path.write_text(json.dumps(summary, indent=2))
+    layout = RunLayout(out)
+    path = layout.summary
+    layout.summary_reserve.unlink(missing_ok=True)  # its room is the summary's
+    tmp = path.with_name(path.name + ".tmp")
+    try:  # whole or not at all: a disk that is full even so leaves no empty summary.json
+        tmp.write_text(json.dumps(summary, indent=2))
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        print(f"asyncrl train: could not write {path}: {e}", file=sys.stderr, flush=True)
     n = {k: "?" if summary.get(k) is None else summary[k] for k in ("steps_trained", "episodes", "episodes_failed", "prompts_skipped",
                                          "groups_dropped_stale", "groups_dropped_failed", "worker_restarts",
                                          "engine_restarts")}

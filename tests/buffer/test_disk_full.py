@@ -19,9 +19,10 @@ import zmq
 
 from asyncrl.buffer import protocol as P
 from asyncrl.buffer.client import AsyncBufferProducer, BufferConsumer
-from asyncrl.buffer.diskspace import RESERVE_NAME, free_bytes
+from asyncrl.buffer.diskspace import RESERVE_NAME
 from asyncrl.buffer.wal import WAL_NAME, BadRange, scan
 from asyncrl.data.schema import encode
+from asyncrl.util.durable import free_bytes
 from asyncrl.util.net import free_port
 
 from .conftest import traj

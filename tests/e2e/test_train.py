@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,6 +65,13 @@ def _tree(proc: subprocess.Popen) -> list[psutil.Process]:
         return psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+
+
+def _pgid(p: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(p.pid)
+    except OSError:
+        return None
 
 
 def _cmdline(p: psutil.Process) -> str:
@@ -280,11 +288,14 @@ def test_a_stopped_learner_stops_the_run_naming_it_within_the_learner_timeout(ti
 def test_resume_after_a_crash_loses_nothing_and_sigterm_checkpoints_then_stops_every_child(tiny_model_dir, tmp_path):
     """A crash (SIGKILL of the run's whole tree) once step 3 is trained, after checkpoint 2: the run resumed
     with trainer.resume=auto trains only the batches checkpoint 2 did not commit, and loses none. That
-    resumed run is then sent what slurm, k8s and systemd send: SIGTERM to the `asyncrl train` process alone.
-    ray.init replaces SIGTERM's handler with sys.exit (the run then died as a crash: no checkpoint, no
-    summary, Ray's agents orphaned); the controller installs its own again, so the run checkpoints, writes
-    its summary, stops every child and exits 128 + SIGTERM. (SIGINT takes the same handler, also when the
-    run started with SIGINT ignored: tests/core/test_stop_signals.py.)"""
+    resumed run is then sent what systemd, `timeout` and a terminal send: SIGTERM to the process group of
+    `asyncrl train`, which holds the train process and Ray's gcs_server and raylet (the actors' workers have
+    groups of their own). ray.init replaces SIGTERM's handler with sys.exit (sent to the train process alone,
+    the run then died as a crash: no checkpoint, no summary, Ray's agents orphaned); the controller installs
+    its own again, so the run checkpoints, writes its summary, stops every child and exits 128 + SIGTERM.
+    (SIGINT takes the same handler, also when the run started with SIGINT ignored:
+    tests/core/test_stop_signals.py; SIGTERM to every process of the job, as slurm sends it: the test after
+    this one.)"""
     out = tmp_path / "resume"
     args = _overrides(tiny_model_dir, out, **{"trainer.total_steps": 8, "trainer.checkpoint_every": 2,
                                                "trainer.keep_checkpoints": 5})
@@ -313,7 +324,9 @@ def test_resume_after_a_crash_loses_nothing_and_sigterm_checkpoints_then_stops_e
         for part in ("ray::LearnerActor", "ray::RolloutActor", "ray::EngineActor", "ray::BufferActor",
                      "asyncrl.engine.cli serve", "raylet"):
             assert part in names, f"{part!r} is not among the run's processes: {names[:2000]}"
-        os.kill(proc.pid, signal.SIGTERM)
+        group = " ".join(_cmdline(p) for p in ours if _pgid(p) == proc.pid)
+        assert "gcs_server" in group and "raylet" in group, group[:2000]
+        os.killpg(proc.pid, signal.SIGTERM)
         log, _ = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
@@ -331,6 +344,84 @@ def test_resume_after_a_crash_loses_nothing_and_sigterm_checkpoints_then_stops_e
     assert steps[-1] >= 5, steps  # checkpoint_every=100 was never reached: the signal wrote it
     _, left = psutil.wait_procs(ours, timeout=30)  # by pid and start time: a reused pid is not ours
     assert not left, f"processes of the run still alive after SIGTERM: {[(p.pid, _cmdline(p)) for p in left]}"
+
+
+@pytest.mark.heavy(35)
+def test_sigterm_to_every_process_of_the_job_ends_the_run_as_one_clean_interrupt(tiny_model_dir, tmp_path):
+    """What slurm's scancel (and a k8s pod's stop, with a shared process namespace) does: SIGTERM to every
+    process of the job at once, Ray's own and the actors' workers included. The workers stop on it, so the
+    interrupt's checkpoint may find the run's parts gone: the run still ends as one interrupt (exit 143,
+    summary, no traceback), its last line says whether a checkpoint was written and what was kept, and no
+    process of the run is left. (Before: a crash, exit 1, with the buffer's traceback.)"""
+    out = tmp_path / "run"
+    proc = _train(_overrides(tiny_model_dir, out, **{"trainer.total_steps": 50, "trainer.checkpoint_every": 100}),
+                  wait=False)
+    try:
+        _wait_until(proc, lambda: _uids_recorded(out) >= 1, "step 1 was trained")
+        ours = _tree(proc)
+        for p in [psutil.Process(proc.pid), *ours]:  # by pid: this run's processes, nothing else on the host
+            try:
+                p.send_signal(signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                pass
+        log, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            _kill_tree(proc)
+    assert proc.returncode == 128 + signal.SIGTERM, log[-4000:]
+    assert "Traceback" not in log, log[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["exit_reason"] == "interrupted (SIGTERM)", summary
+    written = sorted(p.name for p in (out / "checkpoints").glob("step_*")) if (out / "checkpoints").exists() else []
+    if written:  # Ray's parts outlived the signal long enough: the interrupt's checkpoint, as for one process
+        assert summary["diagnosis"] == "", summary
+    else:
+        assert summary["diagnosis"].startswith("no checkpoint at the interrupt: "), summary
+        assert "no checkpoint was written, and every trajectory the buffer acknowledged is in its log: resume " \
+               "with trainer.resume=auto" in summary["diagnosis"], summary
+        assert f"asyncrl train: stopped: {summary['diagnosis']}" in log
+    assert not [p for p in (out / "checkpoints").glob("*.tmp")] if (out / "checkpoints").exists() else True
+    _, left = psutil.wait_procs(ours, timeout=30)
+    assert not left, f"processes of the run still alive after SIGTERM: {[(p.pid, _cmdline(p)) for p in left]}"
+
+
+@pytest.mark.heavy(30)
+def test_a_disk_that_fills_at_a_checkpoint_stops_the_run_with_one_line_and_its_summary(tiny_model_dir, tmp_path):
+    """The run's directory on a 96 MiB tmpfs of its own (a user + mount namespace, `unshare -rm`, as the
+    sandbox makes): the buffer's 64 MiB reserve and the run's files fit, the first checkpoint (about 50 MiB)
+    does not. torch's writer fails with "unexpected pos" (no errno), DCP wraps it in a BaseException. The run
+    stops with exit 1 and one line naming the checkpoint, what was kept and how to go on; the summary is
+    written (its room was held from the start); the half-written step dir is gone. (Before: four tracebacks,
+    step_N.tmp left, and the summary's own write failing.)"""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    out = tmp_path / "run"
+    out.mkdir()
+    args = _overrides(tiny_model_dir, out, **{"trainer.total_steps": 50, "trainer.checkpoint_every": 1})
+    # the tmpfs lives as long as the namespace: the run's files are read inside it, then printed
+    show = ('import json, pathlib, sys; d = pathlib.Path(sys.argv[1]); print("RUNDIR " + json.dumps('
+            '{"summary": json.loads((d / "summary.json").read_text()), "ckpts": sorted(p.name for p in '
+            '(d / "checkpoints").iterdir()), "names": sorted(p.name for p in d.iterdir())}))')
+    script = ('mount -t tmpfs -o size=96m tmpfs "$0" || exit 97; "$@"; rc=$?; '
+              f'{sys.executable} -c \'{show}\' "$0"; exit $rc')
+    cmd = ["unshare", "-rm", "sh", "-c", script, str(out), sys.executable, "-m", "asyncrl.cli", "train", *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_DEDUP_LOGS": "0"}
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400)
+    log = res.stdout + res.stderr
+    if res.returncode == 97:
+        pytest.skip(f"cannot mount a tmpfs in a user namespace here: {res.stderr[-500:]}")
+    assert res.returncode == 1, log[-4000:]
+    assert "Traceback" not in log, log[-4000:]
+    seen = json.loads(next(x for x in res.stdout.splitlines() if x.startswith("RUNDIR "))[len("RUNDIR "):])
+    summary = seen["summary"]
+    assert summary["exit_code"] == 1 and summary["exit_reason"] == "stopped: disk full", summary
+    assert re.fullmatch(r"no space left on the device of \S+/checkpoints writing checkpoint step_000001 \([\d.]+ MiB "
+                        r"free after removing what it had written\); nothing of it was kept; no checkpoint was "
+                        r"written, and every trajectory the buffer acknowledged is in its log: free space and "
+                        r"resume with trainer.resume=auto", summary["diagnosis"]), summary["diagnosis"]
+    assert f"asyncrl train: stopped: {summary['diagnosis']}" in res.stderr
+    assert seen["ckpts"] == [], seen  # no step_000001.tmp
+    assert "summary.reserve" not in seen["names"], seen  # its room went to the summary
 
 
 @pytest.mark.heavy(30)
