@@ -608,6 +608,13 @@ class TrainerConfig:
         "where set) is this full: checked by the driver while it waits and by the learner before each "
         "micro-batch, before Ray's memory monitor (0.95) kills workers without a word of why; 1: never",
     )
+    learner_memory_gb: float = setting(
+        0.0,
+        "one learner rank's step budget in GiB (0: none): before anything starts, algorithm.micro_batch_tokens "
+        "is lowered to the largest multiple of 256 whose step is estimated to fit (asyncrl/learner/"
+        "memory_estimate.py; where the learner runs on this machine's CPU), and a run whose one longest "
+        "sequence cannot fit is refused",
+    )
     max_failed_episode_fraction: float = setting(
         0.9, "watchdog: stop (exit 4) when more of the recent episodes failed")
     failed_episode_window: int = setting(
@@ -623,6 +630,8 @@ class TrainerConfig:
         _check(0 < self.memory_stop_fraction <= 1, "trainer.memory_stop_fraction",
                f"must be in (0, 1], got {self.memory_stop_fraction}")
         _check(self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}")
+        _check(math.isfinite(self.learner_memory_gb) and self.learner_memory_gb >= 0, "trainer.learner_memory_gb",
+               f"must be a finite number of GiB >= 0 (0: no budget), got {self.learner_memory_gb}")
         _check(math.isfinite(self.max_minutes) and self.max_minutes >= 0, "trainer.max_minutes",
                f"must be a finite number of minutes >= 0 (0: no budget), got {self.max_minutes}")
         if self.run_name is not None:

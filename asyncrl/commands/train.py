@@ -62,6 +62,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     for line in report.warnings:
         print(f"asyncrl train: warning: {line}", file=sys.stderr)
+    for line in report.notes:
+        print(f"asyncrl train: {line}", file=sys.stderr)
+    cfg.algorithm.micro_batch_tokens = report.micro_batch_tokens  # trainer.learner_memory_gb's choice, if any
     if targs.dry_run:
         print(f"preflight passed; nothing started (--dry-run)\n{report.summary()}")
         return 0

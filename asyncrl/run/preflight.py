@@ -53,7 +53,7 @@ from asyncrl.data.dataset import BLOCK_ROWS, LARGE_ROW_GROUP, Dataset
 from asyncrl.data.rows import DataError
 from asyncrl.envs.base import Env, Sample, load_rows, resolve_env, resolve_reward_fn
 from asyncrl.learner.losses import check_off_policy_correction
-from asyncrl.learner.memory_estimate import SMOLLM2_135M, ModelShape, learner_step
+from asyncrl.learner.memory_estimate import SMOLLM2_135M, ModelShape, StepEstimate, learner_step
 from asyncrl.models import (
     DEFAULT_MODEL,
     ModelNotFoundError,
@@ -95,6 +95,8 @@ class PreflightReport:
     dropped_rows: list[tuple[int, int]] = field(default_factory=list)  # (row index, prompt tokens)
     warnings: list[str] = field(default_factory=list)
     warm_start: str = "none"  # what runs before RL (asyncrl/sft/warm_start.py)
+    micro_batch_tokens: int = 0  # what the learner packs to (trainer.learner_memory_gb may lower the config's)
+    notes: list[str] = field(default_factory=list)  # what the preflight chose, and why
 
     def summary(self) -> str:
         dropped = f", {len(self.dropped_rows)} dropped (prompt too long)" if self.dropped_rows else ""
@@ -315,37 +317,69 @@ def check_training_sample(ds: Dataset) -> tuple[list[int], list[dict[str, Any]],
 # ----------------------------------------------------------------------------- all of them
 
 
-def check_learner_memory(cfg: Config, model_dir: str) -> list[str]:
-    """The learner's step, estimated (asyncrl/learner/memory_estimate.py), against this machine's memory up to
-    trainer.memory_stop_fraction: a run whose learner alone cannot fit is refused, naming the settings. Only
-    where the learner runs on this machine's CPU (a run that joins a Ray cluster, or a machine with a GPU,
+MICRO_BATCH_STEP = 256  # trainer.learner_memory_gb chooses algorithm.micro_batch_tokens in these steps
+
+
+@dataclass(frozen=True)
+class LearnerMemoryFit:
+    micro_batch_tokens: int  # what the run uses: the configured value, or lower to fit trainer.learner_memory_gb
+    problems: list[str]
+    notes: list[str]  # what was changed, and why
+
+
+def check_learner_memory(cfg: Config, model_dir: str) -> LearnerMemoryFit:
+    """The learner's step, estimated (asyncrl/learner/memory_estimate.py; the micro-batch is at least the
+    longest sequence, which is packed alone), against trainer.learner_memory_gb and this machine's memory up
+    to trainer.memory_stop_fraction. With a budget, algorithm.micro_batch_tokens is lowered to the largest
+    multiple of MICRO_BATCH_STEP that fits it; a run whose learner cannot fit is refused, naming the settings.
+    Only where the learner runs on this machine's CPU (a run that joins a Ray cluster, or a machine with a GPU,
     keeps its activations elsewhere), and for a model whose shape is known (a config.json, or the default)."""
+    a, t = cfg.algorithm, cfg.trainer
+    keep = LearnerMemoryFit(a.micro_batch_tokens, [], [])
     if cfg.ray.address or Path("/dev/nvidia0").exists():
-        return []
+        return keep
     config_json = Path(model_dir) / "config.json"
     try:
         shape = ModelShape.from_config(json.loads(config_json.read_text())) if config_json.is_file() else (
             SMOLLM2_135M if not cfg.model.path else None)
     except (OSError, ValueError, KeyError, TypeError):
-        return []  # check_context reads the same file and names what is wrong with it
+        return keep  # check_context reads the same file and names what is wrong with it
     _, total = machine_used()
     if shape is None or not total:
-        return []
-    a, lora = cfg.algorithm, cfg.model.lora
+        return keep
+    lora = cfg.model.lora
     lora_params = lora.rank * 2 * shape.hidden * shape.layers * len(lora.target_modules) if lora.rank else 0
-    ranks = cfg.trainer.learner_ranks
-    est = learner_step(shape, a.micro_batch_tokens, a.logits_chunk_tokens, cfg.model.gradient_checkpointing,
-                       bf16=cfg.model.cpu_bf16 and native_bf16(), ranks=ranks, lora_params=lora_params,
-                       reference=a.kl_coef > 0)
-    budget = total * cfg.trainer.memory_stop_fraction
+    ranks = t.learner_ranks
+    longest = cfg.agent.max_prompt_tokens + cfg.agent.max_response_tokens
+
+    def estimate(tokens: int) -> StepEstimate:
+        return learner_step(shape, max(tokens, longest), a.logits_chunk_tokens, cfg.model.gradient_checkpointing,
+                            bf16=cfg.model.cpu_bf16 and native_bf16(), ranks=ranks, lora_params=lora_params,
+                            reference=a.kl_coef > 0)
+
+    other_way = "" if cfg.model.gradient_checkpointing else " or set model.gradient_checkpointing=true"
+    tokens, notes = a.micro_batch_tokens, []
+    if t.learner_memory_gb and estimate(tokens).total_gb > t.learner_memory_gb:
+        fits = next((n for n in range(tokens // MICRO_BATCH_STEP * MICRO_BATCH_STEP, 0, -MICRO_BATCH_STEP)
+                     if estimate(n).total_gb <= t.learner_memory_gb), None)
+        if fits is None:
+            return LearnerMemoryFit(tokens, [
+                f"the learner's step on one sequence of {longest} tokens (agent.max_prompt_tokens + "
+                f"agent.max_response_tokens) is estimated at {estimate(0).describe()}, over "
+                f"trainer.learner_memory_gb={t.learner_memory_gb:g}: raise it, or shorten the context{other_way}"],
+                [])
+        notes.append(f"trainer.learner_memory_gb={t.learner_memory_gb:g}: algorithm.micro_batch_tokens {tokens} -> "
+                     f"{fits} (its step estimated at {estimate(fits).describe()})")
+        tokens = fits
+    est = estimate(tokens)
+    budget = total * t.memory_stop_fraction
     if est.total_gb * ranks <= budget:
-        return []
-    advice = f"lower algorithm.micro_batch_tokens (now {a.micro_batch_tokens})"
-    if not cfg.model.gradient_checkpointing:
-        advice += " or set model.gradient_checkpointing=true"
-    return [f"the learner's step is estimated at {est.describe()}{f' on each of {ranks} ranks' if ranks > 1 else ''}"
-            f", over trainer.memory_stop_fraction={cfg.trainer.memory_stop_fraction:g} of this machine's "
-            f"{total:.1f} GiB ({budget:.1f} GiB): {advice}"]
+        return LearnerMemoryFit(tokens, [], notes)
+    return LearnerMemoryFit(tokens, [
+        f"the learner's step is estimated at {est.describe()}{f' on each of {ranks} ranks' if ranks > 1 else ''}"
+        f", over trainer.memory_stop_fraction={t.memory_stop_fraction:g} of this machine's {total:.1f} GiB "
+        f"({budget:.1f} GiB): lower algorithm.micro_batch_tokens (now {tokens}){other_way}, or set "
+        f"trainer.learner_memory_gb to have it chosen"], notes)
 
 
 def check_warm_start(cfg: Config, env: Env, problems: list[str], warnings: list[str], tokenizer: Any = None) -> str:
@@ -418,11 +452,13 @@ def preflight(cfg: Config) -> PreflightReport:
     if long_val:
         problems.append(f"{long_val} (raise agent.max_prompt_tokens; evaluation rows are never dropped)")
     warm = check_warm_start(cfg, env, problems, warnings, tokenizer)
-    problems += check_learner_memory(cfg, model)
+    memory = check_learner_memory(cfg, model)
+    problems += memory.problems
     if problems:
         raise PreflightError(problems)
     agents = [cfg.agent.name] + sorted({str(r["agent_name"]) for r in train if r.get("agent_name")} - {cfg.agent.name})
     return PreflightReport(model=model, train_rows=dataset, checked_rows=len(dataset.sample_indices(SAMPLE_ROWS)),
                            num_val_rows=len(val or []), agents=agents,
                            tools=[tool_name(s) for s in specs], longest_prompt=max(lengths, default=0),
-                           max_prompt_tokens=limit, dropped_rows=dropped, warnings=warnings, warm_start=warm)
+                           max_prompt_tokens=limit, dropped_rows=dropped, warnings=warnings, warm_start=warm,
+                           micro_batch_tokens=memory.micro_batch_tokens, notes=memory.notes)

@@ -15,7 +15,7 @@ import pytest
 
 from asyncrl.agents.base import resolve_agent
 from asyncrl.cli import main as cli_main
-from asyncrl.config import InteractionSpec, load_config
+from asyncrl.config import ConfigError, InteractionSpec, load_config
 from asyncrl.envs.base import Sample
 from asyncrl.learner.memory_estimate import SMOLLM2_135M, ModelShape, learner_step
 from asyncrl.rollout.prompts import PromptSource
@@ -278,8 +278,11 @@ def _train_subprocess(*args: str) -> subprocess.CompletedProcess:
 
 def test_dry_run_checks_everything_prints_a_summary_and_starts_nothing(tmp_path, tiny_model_dir, rows_file):
     out = tmp_path / "out"
-    proc = _train_subprocess("--dry-run", *_overrides(tiny_model_dir, out, rows_file))
+    # a learner memory budget the configured micro-batch is far over: the preflight chooses one and says so
+    proc = _train_subprocess("--dry-run", *_overrides(tiny_model_dir, out, rows_file),
+                             "algorithm.micro_batch_tokens=65536", "trainer.learner_memory_gb=0.3")
     assert proc.returncode == 0, proc.stderr
+    assert "asyncrl train: trainer.learner_memory_gb=0.3: algorithm.micro_batch_tokens 65536 -> " in proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "preflight passed; nothing started (--dry-run)"
     assert f"model: {tiny_model_dir}" in lines
@@ -309,15 +312,47 @@ def test_a_learner_step_that_cannot_fit_the_machine_is_refused_naming_the_settin
     checkpointing is named as the other way out until it is on."""
     def problems(*extra: str) -> list[str]:
         return check_learner_memory(load_config(["model=custom", f"model.path={tiny_model_dir}", *extra]),
-                                    str(tiny_model_dir))
+                                    str(tiny_model_dir)).problems
 
     assert problems() == []
     (msg,) = problems("algorithm.micro_batch_tokens=50000000")
     assert msg.startswith("the learner's step is estimated at ")
     assert "activations" in msg and "over trainer.memory_stop_fraction=0.9 of this machine's " in msg
-    assert msg.endswith("lower algorithm.micro_batch_tokens (now 50000000) or set model.gradient_checkpointing=true")
+    assert msg.endswith("lower algorithm.micro_batch_tokens (now 50000000) or set model.gradient_checkpointing=true, "
+                        "or set trainer.learner_memory_gb to have it chosen")
     (msg,) = problems("algorithm.micro_batch_tokens=500000000", "model.gradient_checkpointing=true")
-    assert msg.endswith("lower algorithm.micro_batch_tokens (now 500000000)")
+    assert msg.endswith("lower algorithm.micro_batch_tokens (now 500000000), or set trainer.learner_memory_gb to "
+                        "have it chosen")
+
+
+def test_a_learner_memory_budget_chooses_the_largest_micro_batch_that_fits_or_refuses_naming_it():
+    """trainer.learner_memory_gb on the default model (SmolLM2-135M's shape): 16,384 tokens do not fit 6 GiB,
+    the largest multiple of 256 that does is chosen, and said; its estimate is within the budget and the next
+    step up's is not. A budget below the model's own state cannot hold even one sequence: refused, named."""
+    from asyncrl.learner.memory_estimate import SMOLLM2_135M, learner_step
+    from asyncrl.util.cpus import native_bf16
+
+    cfg = load_config(["algorithm.micro_batch_tokens=16384", "trainer.learner_memory_gb=6"])
+    fit = check_learner_memory(cfg, "/nonexistent")  # no config.json, no model.path: the default model's shape
+    assert fit.problems == [] and fit.micro_batch_tokens % 256 == 0 and 0 < fit.micro_batch_tokens < 16384
+
+    def gb(tokens: int) -> float:
+        longest = cfg.agent.max_prompt_tokens + cfg.agent.max_response_tokens
+        return learner_step(SMOLLM2_135M, max(tokens, longest), cfg.algorithm.logits_chunk_tokens,
+                            cfg.model.gradient_checkpointing, bf16=cfg.model.cpu_bf16 and native_bf16()).total_gb
+
+    assert gb(fit.micro_batch_tokens) <= 6 < gb(fit.micro_batch_tokens + 256)
+    (note,) = fit.notes
+    assert note.startswith(f"trainer.learner_memory_gb=6: algorithm.micro_batch_tokens 16384 -> "
+                           f"{fit.micro_batch_tokens} (its step estimated at ")
+    # already within the budget: nothing changes
+    same = check_learner_memory(load_config(["algorithm.micro_batch_tokens=1024", "trainer.learner_memory_gb=20"]),
+                                "/nonexistent")
+    assert (same.micro_batch_tokens, same.problems, same.notes) == (1024, [], [])
+    (msg,) = check_learner_memory(load_config(["trainer.learner_memory_gb=1"]), "/nonexistent").problems
+    assert msg.startswith("the learner's step on one sequence of ") and "over trainer.learner_memory_gb=1: raise it" in msg
+    with pytest.raises(ConfigError, match=r"trainer.learner_memory_gb: must be a finite number of GiB >= 0"):
+        load_config(["trainer.learner_memory_gb=-1"])
 
 
 def test_the_estimates_parameter_count_is_the_models_own(tiny_model_dir):
