@@ -301,3 +301,12 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(resolve_model_dir(cfg))
+
+
+def set_gradient_checkpointing(model: Any, on: bool) -> None:
+    """Recompute each layer's activations in the backward (`model.gradient_checkpointing`), with the
+    non-reentrant implementation (the one that works with FSDP2 and a frozen input)."""
+    if on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()

@@ -29,6 +29,7 @@ from typing import Any
 from asyncrl.bench.learner import lengths_long_tailed, make_batch
 from asyncrl.config import load_config
 from asyncrl.learner.worker import LearnerWorker
+from asyncrl.models import set_gradient_checkpointing
 from asyncrl.util.isolated import call_isolated
 from asyncrl.util.memory import peak_gb, reset_peak, rss_gb
 
@@ -59,10 +60,7 @@ def one_shape(model_path: str | None, shape: tuple[int, int, int, int], samples:
                            "cpu_bf16": w.cpu_bf16}
     for name, (chunk, gc) in SIDES.items():
         w.head.chunk = cfg.algorithm.logits_chunk_tokens if chunk is None else chunk
-        if gc:
-            w.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            w.model.gradient_checkpointing_disable()
+        set_gradient_checkpointing(w.model, gc)
         reset_peak()
         before = rss_gb()
         t0 = time.perf_counter()

@@ -34,7 +34,14 @@ from asyncrl.learner.distributed import (
 )
 from asyncrl.learner.gae import value_loss
 from asyncrl.learner.packing import Layout, SeqSpec, mask_argument, scatter_rows, specs_of
-from asyncrl.models import compute_context, load_model, load_tokenizer, pad_token_id, precision
+from asyncrl.models import (
+    compute_context,
+    load_model,
+    load_tokenizer,
+    pad_token_id,
+    precision,
+    set_gradient_checkpointing,
+)
 from asyncrl.secrets import shown_config
 from asyncrl.util.cpus import native_bf16
 
@@ -85,7 +92,7 @@ class Critic:
         self.model = ValueModel(lm).to(worker.device)
         del lm
         if worker.cfg.model.gradient_checkpointing:
-            self.model.trunk.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            set_gradient_checkpointing(self.model.trunk, True)
         self.model.train()
         worker.shard(self.model, self.precision)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, betas=tuple(worker.algo.betas))

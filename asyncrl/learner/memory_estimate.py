@@ -74,3 +74,12 @@ def learner_step(shape: ModelShape, micro_batch_tokens: int, logits_chunk_tokens
     acts = t * (shape.layers * shape.hidden * 8 + per) if checkpointing else t * shape.layers * per
     chunk = min(logits_chunk_tokens or t, t)
     return StepEstimate(state / GIB, acts / GIB, chunk * shape.vocab * 20 / GIB)
+
+
+def lower_learner_memory(micro_batch_tokens: int, checkpointing: bool) -> str:
+    """The settings that lower a learner rank's step, as one clause: every message about the learner's memory
+    (the preflight's refusal, the learner's and the driver's memory stops) ends with it."""
+    ways = [f"lower algorithm.micro_batch_tokens (now {micro_batch_tokens})"]
+    if not checkpointing:
+        ways.append("set model.gradient_checkpointing=true")
+    return ", ".join(ways) + ", or set trainer.learner_memory_gb to have the micro-batch chosen"

@@ -57,6 +57,7 @@ from asyncrl.learner.importance import importance_weights
 from asyncrl.learner.logprobs import effective_temperature
 from asyncrl.learner.lora import apply_lora, lora_scaling, merge_state_dict, merged_named_params
 from asyncrl.learner.losses import check_off_policy_correction, kl_penalty, policy_loss, resolve_loss
+from asyncrl.learner.memory_estimate import lower_learner_memory
 from asyncrl.learner.packing import (
     Layout,
     MicroBatch,
@@ -65,7 +66,15 @@ from asyncrl.learner.packing import (
     scatter_rows,
     specs_of,
 )
-from asyncrl.models import Precision, compute_context, load_model, load_tokenizer, pad_token_id, precision
+from asyncrl.models import (
+    Precision,
+    compute_context,
+    load_model,
+    load_tokenizer,
+    pad_token_id,
+    precision,
+    set_gradient_checkpointing,
+)
 from asyncrl.secrets import shown_config
 from asyncrl.util.cpus import native_bf16
 from asyncrl.util.memory import MemoryBudgetExceeded, over_memory_stop, peak_gb, reset_peak
@@ -171,7 +180,7 @@ class LearnerWorker:
             apply_lora(model, lora.rank, lora.alpha, list(lora.target_modules), lora.seed)
         if trainable:
             if self.cfg.model.gradient_checkpointing:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                set_gradient_checkpointing(model, True)
             model.train()
         else:
             model.eval()
@@ -205,10 +214,7 @@ class LearnerWorker:
         """Before a micro-batch: MemoryBudgetExceeded on every rank when the machine's memory is past
         trainer.memory_stop_fraction on any (a collective: no rank is left waiting in the next one)."""
         stop = self.cfg.trainer.memory_stop_fraction
-        advice = f"lower algorithm.micro_batch_tokens (now {self.algo.micro_batch_tokens})"
-        if not self.cfg.model.gradient_checkpointing:
-            advice += (", or set model.gradient_checkpointing=true (a micro-batch's activations are most of "
-                       "the learner's step: tens of KB per token per layer)")
+        advice = lower_learner_memory(self.algo.micro_batch_tokens, self.cfg.model.gradient_checkpointing)
         over = over_memory_stop(stop, f"learner rank {self.rank}", advice)
         if self._max_over_ranks(int(over is not None)):
             raise over or MemoryBudgetExceeded(f"learner rank {self.rank}: another rank found the machine's memory "

@@ -38,6 +38,7 @@ from asyncrl.config import Config
 from asyncrl.console_log import LOG_FORMAT, ConsoleLog, write_overrides
 from asyncrl.envs.base import resolve_env
 from asyncrl.learner.checkpoint import CheckpointDiskFull, checkpoint_version, prune_checkpoints
+from asyncrl.learner.memory_estimate import lower_learner_memory
 from asyncrl.metrics import MetricsLogger
 from asyncrl.run.fleet import Fleet, load_rows
 from asyncrl.run.ray_auth import private_local_ray, readable_token_file
@@ -351,15 +352,15 @@ def _report(out: Path, summary: dict[str, Any]) -> None:
         print(f"asyncrl train: stopped: {summary['diagnosis']}", file=sys.stderr, flush=True)
 
 
-def memory_advice(peaks: dict[str, float]) -> str:
+def memory_advice(cfg: Config, peaks: dict[str, float]) -> str:
     """What the driver's memory stop says about the run's processes: the largest each role held so far."""
     if not peaks:
         return "no step has reported its memory yet"
     shown = ", ".join(f"{k.removeprefix('memory/').removesuffix('_gb').replace('_', ' ')} {v:.1f} GiB"
                       for k, v in sorted(peaks.items(), key=lambda kv: -kv[1]))
-    return (f"the run's processes held at most: {shown} (metrics.jsonl memory/*); a learner over its share: lower "
-            "algorithm.micro_batch_tokens or set model.gradient_checkpointing=true; an engine: lower "
-            "engine.max_running_seqs")
+    learner = lower_learner_memory(cfg.algorithm.micro_batch_tokens, cfg.model.gradient_checkpointing)
+    return (f"the run's processes held at most: {shown} (metrics.jsonl memory/*); a learner over its share: "
+            f"{learner}; an engine: lower engine.max_running_seqs")
 
 
 def completed_reason(cfg: Config, steps: int) -> str:
@@ -394,7 +395,8 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, ver
         verdict = watchdog.observe(time.monotonic(), fleet.step, fleet.worker_states())
         if verdict.stop:
             raise RunStopped(verdict)
-        check_machine_memory(t.memory_stop_fraction, "the driver (asyncrl train)", memory_advice(fleet.memory_peaks))
+        check_machine_memory(t.memory_stop_fraction, "the driver (asyncrl train)",
+                             memory_advice(cfg, fleet.memory_peaks))
         waiting()
 
     def waiting() -> None:

@@ -53,7 +53,13 @@ from asyncrl.data.dataset import BLOCK_ROWS, LARGE_ROW_GROUP, Dataset
 from asyncrl.data.rows import DataError
 from asyncrl.envs.base import Env, Sample, load_rows, resolve_env, resolve_reward_fn
 from asyncrl.learner.losses import check_off_policy_correction
-from asyncrl.learner.memory_estimate import SMOLLM2_135M, ModelShape, StepEstimate, learner_step
+from asyncrl.learner.memory_estimate import (
+    SMOLLM2_135M,
+    ModelShape,
+    StepEstimate,
+    learner_step,
+    lower_learner_memory,
+)
 from asyncrl.models import (
     DEFAULT_MODEL,
     ModelNotFoundError,
@@ -378,8 +384,7 @@ def check_learner_memory(cfg: Config, model_dir: str) -> LearnerMemoryFit:
     return LearnerMemoryFit(tokens, [
         f"the learner's step is estimated at {est.describe()}{f' on each of {ranks} ranks' if ranks > 1 else ''}"
         f", over trainer.memory_stop_fraction={t.memory_stop_fraction:g} of this machine's {total:.1f} GiB "
-        f"({budget:.1f} GiB): lower algorithm.micro_batch_tokens (now {tokens}){other_way}, or set "
-        f"trainer.learner_memory_gb to have it chosen"], notes)
+        f"({budget:.1f} GiB): {lower_learner_memory(tokens, cfg.model.gradient_checkpointing)}"], notes)
 
 
 def check_warm_start(cfg: Config, env: Env, problems: list[str], warnings: list[str], tokenizer: Any = None) -> str:

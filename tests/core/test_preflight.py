@@ -318,11 +318,11 @@ def test_a_learner_step_that_cannot_fit_the_machine_is_refused_naming_the_settin
     (msg,) = problems("algorithm.micro_batch_tokens=50000000")
     assert msg.startswith("the learner's step is estimated at ")
     assert "activations" in msg and "over trainer.memory_stop_fraction=0.9 of this machine's " in msg
-    assert msg.endswith("lower algorithm.micro_batch_tokens (now 50000000) or set model.gradient_checkpointing=true, "
-                        "or set trainer.learner_memory_gb to have it chosen")
+    assert msg.endswith("lower algorithm.micro_batch_tokens (now 50000000), set model.gradient_checkpointing=true, "
+                        "or set trainer.learner_memory_gb to have the micro-batch chosen")
     (msg,) = problems("algorithm.micro_batch_tokens=500000000", "model.gradient_checkpointing=true")
     assert msg.endswith("lower algorithm.micro_batch_tokens (now 500000000), or set trainer.learner_memory_gb to "
-                        "have it chosen")
+                        "have the micro-batch chosen")
 
 
 def test_a_learner_memory_budget_chooses_the_largest_micro_batch_that_fits_or_refuses_naming_it():

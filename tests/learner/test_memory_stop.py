@@ -18,8 +18,9 @@ def test_a_machine_past_the_memory_stop_stops_the_step_before_its_first_micro_ba
     w = LearnerWorker(replace(cfg, trainer=replace(cfg.trainer, memory_stop_fraction=0.0001)))
     before = {n: p.detach().clone() for n, p in w.model.named_parameters()}
     with pytest.raises(MemoryBudgetExceeded, match=r"^learner rank 0: the machine's memory is .* lower "
-                                                   r"algorithm.micro_batch_tokens \(now 64\), or set "
-                                                   r"model.gradient_checkpointing=true"):
+                                                   r"algorithm.micro_batch_tokens \(now 64\), set "
+                                                   r"model.gradient_checkpointing=true, or set "
+                                                   r"trainer.learner_memory_gb to have the micro-batch chosen$"):
         w.train_step(make_batch(seed=1))
     assert w.version == 0 and not w.optimizer.state
     assert all(torch.equal(p, before[n]) for n, p in w.model.named_parameters())
