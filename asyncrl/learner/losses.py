@@ -15,7 +15,9 @@ tokens/sequences; it does not change the normalizers. The log ratio is clamped t
 The built-in losses (`algorithm.loss=<name>`), per token, eps_l = clip_low, eps_h = clip_high:
 
   ppo        L = max(-A r, -A clip(r, 1 - eps_l, 1 + eps_h))                          (Schulman et al. 2017;
-             asymmetric "clip-higher" bounds as DAPO, Yu et al. 2025)
+             asymmetric "clip-higher" bounds as DAPO, Yu et al. 2025); for A < 0 then L = min(L, -A c) with
+             c = clip_ratio_c (dual clip, Ye et al. 2020: a ratio above c gives a negative-advantage token
+             no gradient; 3 as verl; 0: off)
   gspo       s = exp(mean_t m_t log r_t) per sequence (the length-normalised sequence ratio); per token
              s_t = sg(s) * pi_theta(y_t) / sg(pi_theta(y_t)) (value s, gradient s * grad log pi_theta(y_t));
              L = max(-A s_t, -A clip(s_t, 1 - eps_l, 1 + eps_h)). A sequence is clipped as a whole. With
@@ -161,9 +163,14 @@ def _clip_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: flo
     return PolicyTerms(torch.maximum(unclipped, clipped), clipped > unclipped, ratio)
 
 
-def ppo_terms(inp: LossInputs, clip_low: float, clip_high: float) -> PolicyTerms:
-    """PPO's clipped surrogate per token (module docstring, `ppo`)."""
-    return _clip_surrogate(torch.exp(inp.log_ratio), inp.advantages, clip_low, clip_high)
+def ppo_terms(inp: LossInputs, clip_low: float, clip_high: float, clip_ratio_c: float = 0.0) -> PolicyTerms:
+    """PPO's clipped surrogate per token, dual-clipped for A < 0 when clip_ratio_c > 0 (module docstring)."""
+    t = _clip_surrogate(torch.exp(inp.log_ratio), inp.advantages, clip_low, clip_high)
+    if not clip_ratio_c:
+        return t
+    cap = -inp.advantages * clip_ratio_c
+    capped = (inp.advantages < 0) & (t.loss > cap)
+    return PolicyTerms(torch.where(capped, cap, t.loss), t.clipped | capped, t.ratio)
 
 
 def gspo_terms(inp: LossInputs, clip_low: float, clip_high: float) -> PolicyTerms:
@@ -205,7 +212,7 @@ def ppo_clip_terms(logp, anchor_logp, advantages, clip_low: float, clip_high: fl
 
 @registry.register("loss", "ppo")
 def _ppo(inp: LossInputs, cfg: Any) -> PolicyTerms:
-    return ppo_terms(inp, cfg.clip_low, cfg.clip_high)
+    return ppo_terms(inp, cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c)
 
 
 @registry.register("loss", "gspo")
