@@ -435,9 +435,9 @@ class AlgorithmConfig:
     decoupled: bool = setting(True, "proximal forward: ratio against the learner's pre-step weights")
     clip_low: float = setting(0.2, "the ratio's lower clip bound is 1 - clip_low (ppo, gspo, cispo)")
     clip_high: float = setting(0.28, "... and its upper bound 1 + clip_high (clip-higher, as DAPO)")
-    clip_ratio_c: float = setting(
+    clip_ratio_c: Optional[float] = setting(
         3.0, "dual clip (ppo; Ye et al. 2020, verl's clip_ratio_c): a token with A < 0 loses at most -A c, so a "
-        "ratio above c gives it no gradient; 0: off, else > 1")
+        "ratio above c gives it no gradient; null: off, else > 1")
     is_level: Literal["token", "sequence"] = setting(
         "token",
         "the behavior importance weight (truncation, rejection) "
@@ -519,8 +519,8 @@ class AlgorithmConfig:
                f"of one prompt; a group of 1 has advantage 0 and learns nothing), got {self.n_samples}")
         _check(self.max_staleness >= 0, "algorithm.max_staleness", f"must be >= 0, got {self.max_staleness}")
         _check(self.clip_low >= 0 and self.clip_high >= 0, "algorithm.clip_low/clip_high", "must be >= 0")
-        _check(self.clip_ratio_c == 0 or self.clip_ratio_c > 1, "algorithm.clip_ratio_c",
-               f"must be 0 (off) or > 1, got {self.clip_ratio_c}")
+        _check(self.clip_ratio_c is None or (math.isfinite(self.clip_ratio_c) and self.clip_ratio_c > 1),
+               "algorithm.clip_ratio_c", f"must be null (off) or a finite number > 1, got {self.clip_ratio_c}")
         _check(self.is_threshold is None or self.is_threshold > 0, "algorithm.is_threshold",
                f"must be > 0 (or null: no truncation), got {self.is_threshold}")
         _check(self.sapo_tau_pos > 0 and self.sapo_tau_neg > 0, "algorithm.sapo_tau_pos/sapo_tau_neg",

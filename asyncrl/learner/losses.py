@@ -17,7 +17,7 @@ The built-in losses (`algorithm.loss=<name>`), per token, eps_l = clip_low, eps_
   ppo        L = max(-A r, -A clip(r, 1 - eps_l, 1 + eps_h))                          (Schulman et al. 2017;
              asymmetric "clip-higher" bounds as DAPO, Yu et al. 2025); for A < 0 then L = min(L, -A c) with
              c = clip_ratio_c (dual clip, Ye et al. 2020: a ratio above c gives a negative-advantage token
-             no gradient; 3 as verl; 0: off)
+             no gradient; 3 as verl; null: off)
   gspo       s = exp(mean_t m_t log r_t) per sequence (the length-normalised sequence ratio); per token
              s_t = sg(s) * pi_theta(y_t) / sg(pi_theta(y_t)) (value s, gradient s * grad log pi_theta(y_t));
              L = max(-A s_t, -A clip(s_t, 1 - eps_l, 1 + eps_h)). A sequence is clipped as a whole. With
@@ -163,10 +163,10 @@ def _clip_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: flo
     return PolicyTerms(torch.maximum(unclipped, clipped), clipped > unclipped, ratio)
 
 
-def ppo_terms(inp: LossInputs, clip_low: float, clip_high: float, clip_ratio_c: float = 0.0) -> PolicyTerms:
-    """PPO's clipped surrogate per token, dual-clipped for A < 0 when clip_ratio_c > 0 (module docstring)."""
+def ppo_terms(inp: LossInputs, clip_low: float, clip_high: float, clip_ratio_c: float | None = None) -> PolicyTerms:
+    """PPO's clipped surrogate per token, dual-clipped for A < 0 unless clip_ratio_c is None (module docstring)."""
     t = _clip_surrogate(torch.exp(inp.log_ratio), inp.advantages, clip_low, clip_high)
-    if not clip_ratio_c:
+    if clip_ratio_c is None:
         return t
     cap = -inp.advantages * clip_ratio_c
     capped = (inp.advantages < 0) & (t.loss > cap)

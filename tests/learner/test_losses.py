@@ -53,8 +53,8 @@ def _verl_vanilla(old_logp, logp, adv, mask, clip_low, clip_high, clip_c):
 
 def test_ppo_dual_clip_equals_verls_and_stops_the_gradient_of_far_off_negative_tokens():
     """algorithm.clip_ratio_c=3 (verl's default): the per-token loss equals verl's on seeded ratios from 0.05
-    to 20 with advantages of both signs; a token with A < 0 and a ratio above 3 has no gradient; 0 is the
-    plain clip; a value in (0, 1] is refused at load."""
+    to 20 with advantages of both signs; a token with A < 0 and a ratio above 3 has no gradient; the
+    plain clip (null); a value <= 1 or not finite is refused at load."""
     g = torch.Generator().manual_seed(0)
     old = torch.randn(6, 40, generator=g, dtype=torch.float64)
     logp = (old + torch.empty(6, 40, dtype=torch.float64).uniform_(-3.0, 3.0, generator=g)).requires_grad_()
@@ -69,10 +69,10 @@ def test_ppo_dual_clip_equals_verls_and_stops_the_gradient_of_far_off_negative_t
     assert terms.clipped[far].all()
     terms.loss.sum().backward()
     assert torch.all(logp.grad[far] == 0) and torch.any(logp.grad[~far] != 0)
-    plain = resolve_loss("ppo")(LossInputs(logp, old, adv, mask), AlgorithmConfig(clip_ratio_c=0.0)).loss.detach()
+    plain = resolve_loss("ppo")(LossInputs(logp, old, adv, mask), AlgorithmConfig(clip_ratio_c=None)).loss.detach()
     assert torch.all(plain[far] > want[far]) and torch.equal(plain[~far], want[~far])
-    for bad in (0.5, 1.0, -3.0):
-        with pytest.raises(ConfigError, match=r"algorithm.clip_ratio_c: must be 0 \(off\) or > 1"):
+    for bad in (0.0, 1.0, -3.0, float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match=r"algorithm.clip_ratio_c: must be null \(off\) or a finite number > 1"):
             AlgorithmConfig(clip_ratio_c=bad)
 
 
