@@ -435,6 +435,13 @@ class AlgorithmConfig:
     decoupled: bool = setting(True, "proximal forward: ratio against the learner's pre-step weights")
     clip_low: float = setting(0.2, "the ratio's lower clip bound is 1 - clip_low (ppo, gspo, cispo)")
     clip_high: float = setting(0.28, "... and its upper bound 1 + clip_high (clip-higher, as DAPO)")
+    overlong: Literal["keep", "mask", "penalty"] = setting(
+        "keep", "responses the token budget cut (finish_reason length): keep; mask (they train no token); or "
+        "penalty (DAPO's soft overlong penalty on every response's reward: asyncrl/learner/overlong.py)")
+    overlong_buffer_tokens: int = setting(
+        0, "overlong=penalty: the penalty falls linearly over the last this many tokens of "
+        "agent.max_response_tokens")
+    overlong_penalty: float = setting(1.0, "overlong=penalty: the penalty at agent.max_response_tokens")
     clip_ratio_c: Optional[float] = setting(
         3.0, "dual clip (ppo; Ye et al. 2020, verl's clip_ratio_c): a token with A < 0 loses at most -A c, so a "
         "ratio above c gives it no gradient; null: off, else > 1")
@@ -519,6 +526,11 @@ class AlgorithmConfig:
                f"of one prompt; a group of 1 has advantage 0 and learns nothing), got {self.n_samples}")
         _check(self.max_staleness >= 0, "algorithm.max_staleness", f"must be >= 0, got {self.max_staleness}")
         _check(self.clip_low >= 0 and self.clip_high >= 0, "algorithm.clip_low/clip_high", "must be >= 0")
+        if self.overlong == "penalty":
+            _check(self.overlong_buffer_tokens > 0, "algorithm.overlong_buffer_tokens",
+                   f"overlong=penalty needs a buffer > 0 tokens, got {self.overlong_buffer_tokens}")
+            _check(math.isfinite(self.overlong_penalty) and self.overlong_penalty >= 0, "algorithm.overlong_penalty",
+                   f"must be a finite number >= 0, got {self.overlong_penalty}")
         _check(self.clip_ratio_c is None or (math.isfinite(self.clip_ratio_c) and self.clip_ratio_c > 1),
                "algorithm.clip_ratio_c", f"must be null (off) or a finite number > 1, got {self.clip_ratio_c}")
         _check(self.is_threshold is None or self.is_threshold > 0, "algorithm.is_threshold",
@@ -845,6 +857,11 @@ class Config:
     def __post_init__(self) -> None:
         if self.trainer.mode == "sync" and self.algorithm.max_staleness != 0:  # the one place sync means eta 0
             self.algorithm = dataclasses.replace(self.algorithm, max_staleness=0)
+        a = self.algorithm
+        _check(a.overlong != "penalty" or a.overlong_buffer_tokens < self.agent.max_response_tokens,
+               "algorithm.overlong_buffer_tokens", f"{a.overlong_buffer_tokens} must be below "
+               f"agent.max_response_tokens={self.agent.max_response_tokens} (the penalty starts that many tokens "
+               "before the budget ends)")
         longest = self.agent.max_prompt_tokens + self.agent.max_response_tokens
         _check(self.engine.type != "embedded" or longest <= self.engine.max_running_tokens, "engine.max_running_tokens",
                f"{self.engine.max_running_tokens} is less than agent.max_prompt_tokens + agent.max_response_tokens = "

@@ -41,6 +41,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from asyncrl.config import Config
 from asyncrl.learner import checkpoint as ckpt
+from asyncrl.learner import overlong
 from asyncrl.learner.advantages import compute_advantages, group_index, turn_credit_advantages
 from asyncrl.learner.critic import Critic
 from asyncrl.learner.distributed import (
@@ -265,11 +266,15 @@ class LearnerWorker:
         if not trajs:
             raise ValueError(f"batch {getattr(batch, 'batch_id', '?')} holds no trajectories")
         specs, masks = specs_of(trajs)
+        shaped = overlong.shape(trajs, a.overlong, self.cfg.agent.max_response_tokens, a.overlong_buffer_tokens,
+                                a.overlong_penalty)
+        rewards = shaped.rewards
+        masks = [torch.zeros_like(m) if cut else m for m, cut in zip(masks, shaped.masked)]
         behav = [torch.from_numpy(t.behavior_logprobs.numpy().astype(np.float32)) for t in trajs]
         n_traj = len(trajs)
         minibatches = [list(c) for c in np.array_split(np.arange(n_traj), min(a.minibatches, n_traj))]
         local_all = [i for mb in minibatches for i in mb[self.rank :: self.world_size]]
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = dict(shaped.metrics)
         prox = self._score(self.model, specs, local_all) if a.decoupled else None
         ref = None
         if self.ref_model is not None:  # on the learner ranks, before any update: one forward, no transfer
@@ -285,15 +290,14 @@ class LearnerWorker:
             n_tok = max(sum(int(m.sum()) for m in masks), 1)
             metrics["learner/kl_reward"] = float(sum(float(k.sum()) for k in kl_rewards)) / n_tok
         if self.critic is not None or self.separate_critic:
-            adv, adv_tokens, returns, old_values = self._gae(trajs, specs, masks, local_all, metrics, kl_rewards,
-                                                             critic_values)
+            adv, adv_tokens, returns, old_values = self._gae(trajs, rewards, specs, masks, local_all, metrics,
+                                                             kl_rewards, critic_values)
         elif a.turn_credit:
             adv, adv_tokens = turn_credit_advantages(
-                a.adv_estimator, [t.reward for t in trajs], group_index([t.group_id for t in trajs]),
+                a.adv_estimator, rewards, group_index([t.group_id for t in trajs]),
                 [placed_rewards(t) for t in trajs], [len(m) for m in masks], a)
         else:
-            adv = compute_advantages(a.adv_estimator, [t.reward for t in trajs],
-                                     group_index([t.group_id for t in trajs]), a)
+            adv = compute_advantages(a.adv_estimator, rewards, group_index([t.group_id for t in trajs]), a)
             adv_tokens = None
 
         if prox is not None:
@@ -341,7 +345,7 @@ class LearnerWorker:
         n_steps = max(a.epochs * len(minibatches) if update_policy else 0, 1)
         tokens = float(sum(int(m.sum()) for m in masks))
         seconds = time.perf_counter() - t0
-        rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
+        raw = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
         metrics.update({
             "learner/loss": float(sums[0]) / n_steps,
             "learner/pg_loss": float(sums[1]) / n_steps,
@@ -356,7 +360,7 @@ class LearnerWorker:
             "learner/adv_mean": float(adv.mean()), "learner/adv_std": float(adv.std()) if n_traj > 1 else 0.0,
             "learner/adv_min": float(adv.min()), "learner/adv_max": float(adv.max()),
             "learner/adv_zero_frac": float((adv == 0).float().mean()),
-            "learner/reward_mean": float(rewards.mean()),
+            "learner/reward_mean": float(raw.mean()),  # as the rollout scored it (before overlong shaping)
             "learner/tokens": tokens,
             "learner/sequence_tokens": float(sum(s.length for s in specs)),
             "learner/compute_tokens_rank": float(compute_tokens),
@@ -369,7 +373,7 @@ class LearnerWorker:
         })
         return metrics
 
-    def _gae(self, trajs, specs, masks, local_all, metrics, kl_rewards=None, critic_values=None):
+    def _gae(self, trajs, final_rewards, specs, masks, local_all, metrics, kl_rewards=None, critic_values=None):
         """Critic values (this critic version: the colocated critic's, or `critic_values` from the critic's own
         ranks), placed rewards -> GAE advantages and value targets per token.
         Returns (per-trajectory mean advantage [N] for metrics, per-token advantages, returns, old values)."""
@@ -382,7 +386,7 @@ class LearnerWorker:
             old_values = [vals[i] for i in range(len(trajs))]
         adv_tokens, returns = [], []
         for i, (t, m, v) in enumerate(zip(trajs, masks, old_values)):
-            rewards = place_rewards(m.numel(), m, t.reward, placed_rewards(t))
+            rewards = place_rewards(m.numel(), m, final_rewards[i], placed_rewards(t))
             if kl_rewards is not None:
                 rewards = rewards - self.algo.kl_coef * kl_rewards[i].double()
             a_t, r_t = gae(rewards, v, m, c.gamma, c.lam)
