@@ -288,14 +288,13 @@ def test_a_stopped_learner_stops_the_run_naming_it_within_the_learner_timeout(ti
 def test_resume_after_a_crash_loses_nothing_and_sigterm_checkpoints_then_stops_every_child(tiny_model_dir, tmp_path):
     """A crash (SIGKILL of the run's whole tree) once step 3 is trained, after checkpoint 2: the run resumed
     with trainer.resume=auto trains only the batches checkpoint 2 did not commit, and loses none. That
-    resumed run is then sent what systemd, `timeout` and a terminal send: SIGTERM to the process group of
-    `asyncrl train`, which holds the train process and Ray's gcs_server and raylet (the actors' workers have
-    groups of their own). ray.init replaces SIGTERM's handler with sys.exit (sent to the train process alone,
-    the run then died as a crash: no checkpoint, no summary, Ray's agents orphaned); the controller installs
-    its own again, so the run checkpoints, writes its summary, stops every child and exits 128 + SIGTERM.
-    (SIGINT takes the same handler, also when the run started with SIGINT ignored:
-    tests/core/test_stop_signals.py; SIGTERM to every process of the job, as slurm sends it: the test after
-    this one.)"""
+    resumed run is then sent what k8s (to the container's PID 1) and systemd send: SIGTERM to the `asyncrl
+    train` process alone. ray.init replaces SIGTERM's handler with sys.exit (the run then died as a crash: no
+    checkpoint, no summary, Ray's agents orphaned); the controller installs its own again, so the run
+    checkpoints, writes its summary, stops every child and exits 128 + SIGTERM. (SIGINT takes the same
+    handler, also when the run started with SIGINT ignored: tests/core/test_stop_signals.py; SIGTERM to the
+    process group, which holds Ray's gcs_server and raylet too, and to every process of the job, as slurm
+    sends it: the test after this one.)"""
     out = tmp_path / "resume"
     args = _overrides(tiny_model_dir, out, **{"trainer.total_steps": 8, "trainer.checkpoint_every": 2,
                                                "trainer.keep_checkpoints": 5})
@@ -324,9 +323,7 @@ def test_resume_after_a_crash_loses_nothing_and_sigterm_checkpoints_then_stops_e
         for part in ("ray::LearnerActor", "ray::RolloutActor", "ray::EngineActor", "ray::BufferActor",
                      "asyncrl.engine.cli serve", "raylet"):
             assert part in names, f"{part!r} is not among the run's processes: {names[:2000]}"
-        group = " ".join(_cmdline(p) for p in ours if _pgid(p) == proc.pid)
-        assert "gcs_server" in group and "raylet" in group, group[:2000]
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.kill(proc.pid, signal.SIGTERM)
         log, _ = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
@@ -349,17 +346,22 @@ def test_resume_after_a_crash_loses_nothing_and_sigterm_checkpoints_then_stops_e
 @pytest.mark.heavy(35)
 def test_sigterm_to_every_process_of_the_job_ends_the_run_as_one_clean_interrupt(tiny_model_dir, tmp_path):
     """What slurm's scancel (and a k8s pod's stop, with a shared process namespace) does: SIGTERM to every
-    process of the job at once, Ray's own and the actors' workers included. The workers stop on it, so the
-    interrupt's checkpoint may find the run's parts gone: the run still ends as one interrupt (exit 143,
-    summary, no traceback), its last line says whether a checkpoint was written and what was kept, and no
-    process of the run is left. (Before: a crash, exit 1, with the buffer's traceback.)"""
+    process of the job at once, Ray's own and the actors' workers included; first to the process group of
+    `asyncrl train` (what a terminal, `timeout` or systemd's KillMode=mixed send: it holds Ray's gcs_server
+    and raylet), then to every other process of the run. Ray's processes stop on it, so the interrupt's
+    checkpoint may find the run's parts gone: the run still ends as one interrupt (exit 143, summary, no
+    traceback), its last line says whether a checkpoint was written and what was kept, and no process of the
+    run is left. (Before: a crash, exit 1, with the buffer's traceback.)"""
     out = tmp_path / "run"
     proc = _train(_overrides(tiny_model_dir, out, **{"trainer.total_steps": 50, "trainer.checkpoint_every": 100}),
                   wait=False)
     try:
         _wait_until(proc, lambda: _uids_recorded(out) >= 1, "step 1 was trained")
         ours = _tree(proc)
-        for p in [psutil.Process(proc.pid), *ours]:  # by pid: this run's processes, nothing else on the host
+        group = " ".join(_cmdline(p) for p in ours if _pgid(p) == proc.pid)
+        assert "gcs_server" in group and "raylet" in group, group[:2000]
+        os.killpg(proc.pid, signal.SIGTERM)
+        for p in ours:  # by pid: this run's processes, nothing else on the host
             try:
                 p.send_signal(signal.SIGTERM)
             except psutil.NoSuchProcess:

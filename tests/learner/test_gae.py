@@ -208,8 +208,8 @@ def test_the_kl_penalty_lowers_each_gae_return_by_the_penalty_to_go(tiny_model_d
                      len(t.prompt_ids), m) for t, m in zip(trajs, masks)]
     local = list(range(len(trajs)))
     penalty = [torch.where(m, torch.full((m.numel(),), 0.1), torch.zeros(m.numel())) for m in masks]
-    _, _, plain, _ = worker._gae(trajs, specs, masks, local, {}, None)
-    _, _, penalised, _ = worker._gae(trajs, specs, masks, local, {}, penalty)
+    _, _, plain, _ = worker._gae(trajs, [t.reward for t in trajs], specs, masks, local, {}, None)
+    _, _, penalised, _ = worker._gae(trajs, [t.reward for t in trajs], specs, masks, local, {}, penalty)
     for m, r0, r1 in zip(masks, plain, penalised):
         to_go = torch.flip(torch.cumsum(torch.flip(m.double(), [0]), 0), [0])  # generated tokens from t on
         want = torch.where(m, r0.double() - 0.05 * to_go, torch.zeros_like(to_go))
