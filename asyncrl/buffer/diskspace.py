@@ -1,6 +1,6 @@
-"""Disk-full handling of the buffer's log directory: the preallocated reserve that keeps room for the small records of GET, COMMIT, FAIL and VERSION
-while PUTs are refused (rules: asyncrl/buffer/server.py, "Disk full"; which failures mean "disk full" and
-how much is free: asyncrl/util/durable.py)."""
+"""Disk-full handling of the buffer's log directory: the preallocated reserve that keeps room for the
+small records of GET, COMMIT, FAIL and VERSION while PUTs are refused (rules: asyncrl/buffer/server.py,
+"Disk full"; which failures mean "disk full" and how much is free: asyncrl/util/durable.py)."""
 
 from __future__ import annotations
 

@@ -133,8 +133,7 @@ def save(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
             tmp.mkdir(parents=True)
         except Exception as e:
             failure = e
-    if (worst := _worst(failure, final.parent)) != _OK:  # also the barrier before any rank writes into tmp
-        _abandon(final, tmp, failure, worst)
+    _stop_if_any_failed(final, tmp, failure)  # also the barrier before any rank writes into tmp
     try:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
@@ -145,8 +144,7 @@ def save(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
         _write(tmp / f"rng_rank{rank}.pt", rng_state())
     except (Exception, CheckpointException) as e:  # DCP's is a BaseException
         failure = e
-    if (worst := _worst(failure, final.parent)) != _OK:
-        _abandon(final, tmp, failure, worst)
+    _stop_if_any_failed(final, tmp, failure)
     try:
         if rank == 0:
             _write(tmp / "meta.pt", meta)
@@ -166,8 +164,7 @@ def save(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
             shutil.rmtree(old, ignore_errors=True)
     except (Exception, CheckpointException) as e:  # DCP's is a BaseException
         failure = e
-    if (worst := _worst(failure, final.parent)) != _OK:
-        _abandon(final, tmp, failure, worst)
+    _stop_if_any_failed(final, tmp, failure)
     return final
 
 
@@ -203,9 +200,13 @@ def _worst(failure: BaseException | None, where: Path) -> int:
     return int(flag.item())
 
 
-def _abandon(final: Path, tmp: Path, failure: BaseException | None, worst: int) -> None:
-    """Remove the failed save's `<path>.tmp` (rank 0, after every rank stopped writing) and raise: on every
-    rank `CheckpointDiskFull` when any rank found the disk full, else this rank's own error."""
+def _stop_if_any_failed(final: Path, tmp: Path, failure: BaseException | None) -> None:
+    """Collective, after each phase of a save: nothing when no rank failed; else remove the failed save's
+    `<path>.tmp` (rank 0, after every rank stopped writing) and raise, on every rank `CheckpointDiskFull` when
+    any rank found the disk full, else this rank's own error."""
+    worst = _worst(failure, final.parent)
+    if worst == _OK:
+        return
     _barrier()
     if _rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)

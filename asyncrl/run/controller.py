@@ -215,9 +215,12 @@ def disk_full(e: BaseException) -> bool:
 
 def disk_full_ending(e: BaseException, layout: RunLayout) -> dict[str, Any]:
     """How a run whose disk filled ends (exit 1): what failed, what was kept, how to go on."""
-    return {"exit_code": EXIT_ERROR, "exit_reason": "stopped: disk full",
-            "diagnosis": f"{e if isinstance(e, CheckpointDiskFull) else repr(e)}; "
-                         f"{_kept(layout, 'free space and resume with trainer.resume=auto')}"}
+    return {"exit_code": EXIT_ERROR, "exit_reason": "stopped: disk full", "diagnosis": _disk_full_diagnosis(e, layout)}
+
+
+def _disk_full_diagnosis(e: BaseException, layout: RunLayout) -> str:
+    return (f"{e if isinstance(e, CheckpointDiskFull) else repr(e)}; "
+            f"{_kept(layout, 'free space and resume with trainer.resume=auto')}")
 
 
 def _kept(layout: RunLayout, then: str = "resume with trainer.resume=auto") -> str:
@@ -235,7 +238,7 @@ def _checkpoint_on_the_way_out(fleet: Fleet, layout: RunLayout, when: str) -> st
         return ""
     except Exception as e:
         if disk_full(e):
-            return f"{e}; {_kept(layout, 'free space and resume with trainer.resume=auto')}"
+            return _disk_full_diagnosis(e, layout)
         first = (str(e).splitlines() or [repr(e)])[0]
         return f"no checkpoint {when}: {first[:200]}; {_kept(layout)}"
 
