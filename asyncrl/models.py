@@ -296,11 +296,44 @@ def pad_token_id(tokenizer: Any) -> int:
     return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0))
 
 
+# Model types whose tokenizer, saved as transformers' generic fast tokenizer, AutoTokenizer loads as exactly that
+# class (tests/core/test_models.py compares the two loads).
+GENERIC_TOKENIZER_MODEL_TYPES = frozenset({"llama"})
+
+
 def load_tokenizer(cfg: ModelConfig) -> Any:
+    """The model's tokenizer, as AutoTokenizer loads it. AutoTokenizer reads the model's config through
+    AutoConfig, which imports transformers' model registry and with it torch, DTensor and sympy: about 2.5 s
+    of CPU in a process that needs none of them (a rollout or eval worker, the driver). A tokenizer saved as
+    the generic fast tokenizer (`TokenizersBackend`) of a model type in GENERIC_TOKENIZER_MODEL_TYPES (the
+    default model's) is loaded as that class directly, which imports neither."""
+    return tokenizer_from_dir(resolve_model_dir(cfg))
+
+
+def tokenizer_from_dir(model_dir: Path) -> Any:
+    """The tokenizer of a local checkpoint dir, as AutoTokenizer loads it (`load_tokenizer`)."""
+    if _generic_tokenizer(model_dir):
+        # lazy: imports transformers (its tokenizer part alone), which this module does not load otherwise
+        from transformers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(model_dir)
     # lazy: imports transformers, which this module does not load otherwise
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_model_dir(cfg))
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def _generic_tokenizer(model_dir: Path) -> bool:
+    """True when `model_dir` holds a `TokenizersBackend` tokenizer (no custom code) of a model type of
+    GENERIC_TOKENIZER_MODEL_TYPES: the ones AutoTokenizer loads as that very class."""
+    try:
+        tok = json.loads((model_dir / "tokenizer_config.json").read_text())
+        model = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(tok, dict) and isinstance(model, dict) and tok.get("tokenizer_class") == "TokenizersBackend"
+            and "auto_map" not in tok and "auto_map" not in model and model.get("model_type") in GENERIC_TOKENIZER_MODEL_TYPES
+            and (model_dir / "tokenizer.json").is_file())
 
 
 def set_gradient_checkpointing(model: Any, on: bool) -> None:

@@ -5,8 +5,12 @@ Three ways in, all ending in `register`:
   1. the `@register(kind, name)` decorator, run when the defining module is imported;
   2. the `asyncrl.plugins` entry-point group of any installed distribution: each entry point
      names a module (or `module:attr`) that is imported, so its decorators run. asyncrl's own
-     built-ins (`asyncrl.agents`, `asyncrl.tools`, `asyncrl.envs`, `asyncrl.learner.losses`,
-     `asyncrl.learner.advantages`) come in this way too;
+     built-ins (`asyncrl.agents`, `asyncrl.tools`, `asyncrl.envs`) come in this way too. The group
+     `asyncrl.learner_plugins` holds modules of the learner's kinds (`LEARNER_KINDS`: losses and
+     advantage estimators, asyncrl's own `asyncrl.learner.losses` and `asyncrl.learner.advantages`
+     among them): it is imported on the first lookup of one of those kinds, so a process that never
+     asks for one (a rollout worker, an eval worker) never imports torch. A module of the first group
+     may register any kind;
   3. `plugins: [a.module.path, ./file.py]` in the config.
 The core never imports a plugin by name. A duplicate or unknown name is an error listing what is
 registered. `alias(kind, other, name)` makes `other` resolve to `name` (verl's agent names). A plugin
@@ -29,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("agent", "tool", "tool_parser", "interaction", "env", "reward", "openai_agent_fn", "loss", "advantage")
+LEARNER_KINDS = ("loss", "advantage")
 ENTRY_POINT_GROUP = "asyncrl.plugins"
+LEARNER_ENTRY_POINT_GROUP = "asyncrl.learner_plugins"
 
 
 class PluginError(LookupError):
@@ -47,7 +53,7 @@ class Plugin:
 _registry: dict[str, dict[str, Plugin]] = {k: {} for k in KINDS}
 _aliases: dict[str, dict[str, str]] = {k: {} for k in KINDS}  # kind -> {alias: registered name}
 _origin_stack: list[str] = []
-_entry_points_loaded = False
+_groups_loaded: set[str] = set()
 _loaded_sources: set[str] = set()
 
 
@@ -129,13 +135,19 @@ def _exec_file(mod_name: str, path: Path, origin: str) -> Any:
     return module
 
 
-def load_entry_points() -> None:
-    """Import every module named in the `asyncrl.plugins` entry-point group (once per process)."""
-    global _entry_points_loaded
-    if _entry_points_loaded:
+def load_entry_points(kind: str | None = None) -> None:
+    """Import every module named in the `asyncrl.plugins` entry-point group, and for a kind of
+    `LEARNER_KINDS` (or None: every kind) those of `asyncrl.learner_plugins` too (each group once per process)."""
+    _load_group(ENTRY_POINT_GROUP)
+    if kind is None or kind in LEARNER_KINDS:
+        _load_group(LEARNER_ENTRY_POINT_GROUP)
+
+
+def _load_group(group: str) -> None:
+    if group in _groups_loaded:
         return
-    _entry_points_loaded = True
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+    _groups_loaded.add(group)
+    for ep in importlib.metadata.entry_points(group=group):
         dist = ep.dist.name if ep.dist is not None else "?"
         with _origin(f"entry point {dist}:{ep.name}"):
             try:
@@ -168,9 +180,11 @@ def load_source(source: str, base_dir: str | Path | None = None) -> None:
     _loaded_sources.add(source)
 
 
-def load_all(sources: list[str] | tuple[str, ...] = (), base_dir: str | Path | None = None) -> None:
-    """Entry points, then the config's `plugins:` list."""
-    load_entry_points()
+def load_all(sources: list[str] | tuple[str, ...] = (), base_dir: str | Path | None = None, *,
+             learner: bool = True) -> None:
+    """Entry points, then the config's `plugins:` list. `learner=False` (a process that never trains: rollout
+    and eval workers) leaves the `asyncrl.learner_plugins` group to the first lookup of a learner kind."""
+    load_entry_points(None if learner else "")
     for s in sources:
         load_source(s, base_dir)
 
@@ -203,7 +217,7 @@ def get(kind: str, name: str) -> Any:
     """The registered object; an unknown name lists what is registered for that kind."""
     if kind not in KINDS:
         raise PluginError(f"unknown plugin kind {kind!r}; kinds: {', '.join(KINDS)}")
-    load_entry_points()
+    load_entry_points(kind)
     plugin = _registry[kind].get(_aliases[kind].get(name, name))
     if plugin is None:
         known = ", ".join(sorted(_registry[kind])) or "(none)"
@@ -216,7 +230,7 @@ def get(kind: str, name: str) -> Any:
 
 
 def names(kind: str) -> list[str]:
-    load_entry_points()
+    load_entry_points(kind)
     return sorted(_registry[kind])
 
 

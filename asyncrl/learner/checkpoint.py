@@ -33,14 +33,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
 
 from asyncrl.run_dir import RunLayout, checkpoint_dirs, critic_dir
 from asyncrl.run_dir import latest_checkpoint as latest_checkpoint  # re-exported: the naming is run_dir's
@@ -123,6 +115,11 @@ def save(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
     `<path>.tmp` is removed, `<path>` and older checkpoints are as they were, and every rank raises
     `CheckpointDiskFull` when any found the disk (or quota) full, else its own error (`CheckpointError` on
     the ranks that only learned of another's failure)."""
+    # lazy: imports DCP (DTensor, sympy: most of a second), which the driver's uses of this module do not need
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     final = Path(path)
     tmp = final.with_name(final.name + ".tmp")
     rank = _rank()
@@ -245,6 +242,15 @@ def load(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim
          modules: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None) -> dict[str, Any]:
     """Collective: load model (+ optimizer, + `modules`, + this rank's RNG) in place; returns the saved `meta`.
     A checkpoint that lacks one of `modules` (saved by a run without a critic) is a CheckpointError."""
+    # lazy: imports DCP (DTensor, sympy: most of a second), which the driver's uses of this module do not need
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
+
     p = check_complete(path)
     if optimizer is not None:
         model_sd, optim_sd = get_state_dict(model, optimizer)

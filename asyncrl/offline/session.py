@@ -75,7 +75,7 @@ def agent_context(cfg: Config, work_dir: Path, say: Callable[[str], None], hide:
     # lazy: imports pyarrow, which this module does not load otherwise
     from asyncrl.envs.base import resolve_env
 
-    registry.load_all(cfg.plugins)
+    registry.load_all(cfg.plugins, learner=False)  # no loss is looked up here: no torch
     # what model-written code in the python tool may never read: the job's output (episodes with their
     # rewards and answers), the data and reward files, and any dirs the caller names (eval's --against)
     hide_job_paths(cfg, work_dir, *hide)
@@ -173,7 +173,7 @@ def load_split(cfg: Config, split: str, limit: Optional[int] = None, data_file: 
     from asyncrl.data.rows import DataError
     from asyncrl.envs.base import load_rows, resolve_env
 
-    registry.load_all(cfg.plugins)
+    registry.load_all(cfg.plugins, learner=False)  # no loss is looked up here: no torch
     try:
         ds = open_dataset(data_file) if data_file else load_rows(cfg, resolve_env(cfg.env.name), split)
     except DataError as e:

@@ -60,7 +60,7 @@ class EvalActor:
             # lazy: imports omegaconf, which this module does not load otherwise
             from asyncrl.agents.base import AgentContext
 
-            registry.load_all(self.cfg.plugins)
+            registry.load_all(self.cfg.plugins, learner=False)  # no loss is looked up here: no torch
             e = self.cfg.engine  # its patience is the run's, as the rollout workers' is
             client = EngineClient(self.urls, timeout_s=e.request_timeout_s, max_retries=e.max_retries)
             self.ctx = AgentContext.for_config(self.cfg, client, load_tokenizer(self.cfg.model), self.overrides)

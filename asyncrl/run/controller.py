@@ -279,7 +279,10 @@ def _warm_start(cfg: Config, rows: Any, out: Path, start: RunStart, stop_signal:
     warm start failed (1), was interrupted (128 + signum) or crashed (1, re-raised), with a summary.
     `runner` runs it: in a child process of its own (asyncrl/util/isolated.py), so the model, optimizer
     state and activations of SFT go back to the machine when it ends and the driver holds no model for
-    the rest of the run; tests of the decisions here pass one that calls in process."""
+    the rest of the run; tests of the decisions here pass one that calls in process. With warm_start.mode=off
+    no child starts (its interpreter, imports and plugin loading cost seconds of CPU for nothing)."""
+    if cfg.warm_start.mode == "off":
+        return None, None
     try:
         warm = runner(warm_start_in_child, cfg, rows[: cfg.warm_start.demos], out, start.resume_from is not None,
                       list(secrets), name="warm start")

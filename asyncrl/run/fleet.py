@@ -49,6 +49,9 @@ from asyncrl.util.memory import peak_gb
 
 log = logging.getLogger("asyncrl")
 STOP_TIMEOUT_S = 30.0
+# how long the driver waits for a batch before it checks the run's parts, returns dropped budget and asks the
+# watchdog: the latency of noticing a dead worker, a failing run or a stop (a few cheap actor calls each time)
+BATCH_WAIT_S = 2.0
 
 
 class Fleet:
@@ -170,7 +173,7 @@ class Fleet:
         empty wait and may raise to stop the run."""
         t0 = time.perf_counter()
         while True:
-            got = self.learners.fetch_batch(5.0)
+            got = self.learners.fetch_batch(BATCH_WAIT_S)
             if got is not None:
                 return got, time.perf_counter() - t0
             self.supervisor.check(self.version)

@@ -67,6 +67,7 @@ from asyncrl.models import (
     find_gguf,
     is_cached,
     local_model_path,
+    tokenizer_from_dir,
 )
 from asyncrl.sft.warm_start import skipped_because
 from asyncrl.tools.loader import load_tool_specs, tool_name, tool_schemas
@@ -232,13 +233,13 @@ def check_context(cfg: Config, config_json: Path) -> list[str]:
 
 def load_tokenizer(source: str) -> Any:
     """The tokenizer of a checkpoint dir, or of the default model's GGUF file (before its conversion)."""
+    p = Path(source)
+    if not p.is_file():
+        return tokenizer_from_dir(p)
     # lazy: imports transformers, which this module does not load otherwise
     from transformers import AutoTokenizer  # seconds to import: only once a tokenizer is needed
 
-    p = Path(source)
-    if p.is_file():
-        return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-    return AutoTokenizer.from_pretrained(str(p))
+    return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
 
 
 def check_row_names(rows: list[dict[str, Any]], cfg: Config, split: str,

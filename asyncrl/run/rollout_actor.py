@@ -32,7 +32,7 @@ class RolloutActor:
         from asyncrl.rollout.worker import RolloutWorker
 
         cfg, worker_id, num_workers, urls, buffer, output_dir, overrides, rows = self.args
-        registry.load_all(cfg.plugins)
+        registry.load_all(cfg.plugins, learner=False)  # no loss is looked up here: no torch
         client = EngineClient(urls, timeout_s=cfg.engine.request_timeout_s, max_retries=cfg.engine.max_retries)
         self.worker = RolloutWorker(
             cfg, worker_id=worker_id, num_workers=num_workers, rows=rows, engine=client,

@@ -80,7 +80,9 @@ def test_missing_plugin_file_names_path(tmp_path, plugin_registry):
 
 
 def test_tool_from_entry_points_of_an_installed_distribution(tmp_path):
-    """A real distribution, built and pip-installed into a temporary path, registers a tool by entry point."""
+    """A real distribution, built and pip-installed into a temporary path, registers a tool by entry point,
+    and a loss through the learner's group: that module is imported only at the first lookup of a loss
+    (a rollout worker's `load_all(learner=False)` leaves it alone)."""
     src = tmp_path / "src"
     (src / "probe_tools").mkdir(parents=True)
     (src / "probe_tools" / "__init__.py").write_text(textwrap.dedent("""
@@ -88,6 +90,13 @@ def test_tool_from_entry_points_of_an_installed_distribution(tmp_path):
 
         @register("tool", "entry_point_probe")
         class EntryPointProbe:
+            pass
+    """))
+    (src / "probe_tools" / "loss.py").write_text(textwrap.dedent("""
+        from asyncrl.registry import register
+
+        @register("loss", "entry_point_probe_loss")
+        def probe_loss(inputs):
             pass
     """))
     (src / "pyproject.toml").write_text(textwrap.dedent("""
@@ -99,6 +108,8 @@ def test_tool_from_entry_points_of_an_installed_distribution(tmp_path):
         version = "0.1"
         [project.entry-points."asyncrl.plugins"]
         probe = "probe_tools"
+        [project.entry-points."asyncrl.learner_plugins"]
+        probe_loss = "probe_tools.loss"
         [tool.setuptools]
         packages = ["probe_tools"]
     """))
@@ -115,6 +126,15 @@ def test_tool_from_entry_points_of_an_installed_distribution(tmp_path):
     name, origin = out.stdout.split("\n")[:2]
     assert name == "EntryPointProbe"
     assert origin == "entry point probe-tools:probe"
+    lazy = ("import sys; from asyncrl import registry; registry.load_all([], learner=False); "
+            "print(registry.get('tool', 'entry_point_probe').__name__, 'probe_tools.loss' in sys.modules, "
+            "'torch' in sys.modules); print(registry.get('loss', 'entry_point_probe_loss').__name__, "
+            "'torch' in sys.modules); print([p.origin for p in registry.all_plugins() if p.name == "
+            "'entry_point_probe_loss'][0])")
+    out = subprocess.run([sys.executable, "-c", lazy], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:3] == ["EntryPointProbe False False", "probe_loss True",
+                                          "entry point probe-tools:probe_loss"], out.stdout
     # And it is absent without that path: the test cannot pass by accident.
     out2 = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out2.returncode != 0 and "unknown tool 'entry_point_probe'" in out2.stderr

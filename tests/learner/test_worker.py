@@ -234,10 +234,10 @@ def test_checkpoint_is_atomic_and_resave_replaces(worker, tmp_path, monkeypatch)
         real_save({"model": state["model"]}, checkpoint_id=checkpoint_id, **kw)
         raise KeyboardInterrupt("simulated crash during save")
 
-    monkeypatch.setattr(ckpt.dcp, "save", crash_midway)
+    monkeypatch.setattr(dcp, "save", crash_midway)  # checkpoint.save imports DCP when it runs
     with pytest.raises(KeyboardInterrupt):
         worker.save_checkpoint(str(path), {"step": 2})
-    monkeypatch.setattr(ckpt.dcp, "save", real_save)
+    monkeypatch.setattr(dcp, "save", real_save)
     assert (tmp_path / "step_000001.tmp").is_dir()  # the debris is there, but it is not the checkpoint
     with pytest.raises(CheckpointError, match="incomplete"):
         ckpt.load(tmp_path / "step_000001.tmp", worker.model, worker.optimizer)
