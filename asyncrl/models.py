@@ -16,6 +16,7 @@ or builds an autocast context or an FSDP2 mixed-precision policy (tests/core/tes
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import logging
@@ -88,9 +89,13 @@ def convert_default_model(dest: Path) -> Path:
 
     gguf = find_gguf()
     src = str(gguf.parent)
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf.name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf.name, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(src, gguf_file=gguf.name)
+    # Each load below parses the GGUF file's metadata again (its 49k-token vocabulary, slowly): the config is
+    # read once and handed to the other two, which would otherwise each read it again from the file.
+    gguf_config = AutoConfig.from_pretrained(src, gguf_file=gguf.name)
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf.name, config=gguf_config)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf.name, config=gguf_config,
+                                                      dtype=torch.float32)
+    config = copy.deepcopy(gguf_config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

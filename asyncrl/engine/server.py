@@ -39,13 +39,13 @@ import torch
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from asyncrl.config import EngineConfig
 from asyncrl.engine.cpu_kernels import use_small_batch_linears
 from asyncrl.engine.protocol import BadRequest, parse_request
 from asyncrl.engine.scheduler import EngineCore
-from asyncrl.models import default_device, engine_dtype, torch_dtype
+from asyncrl.models import default_device, engine_dtype, tokenizer_from_dir, torch_dtype
 from asyncrl.util.auth import (
     EXPOSED_OPEN,
     LOOPBACK_OPEN,
@@ -246,7 +246,7 @@ def serve(
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(settings.dtype)).to(device)
     use_small_batch_linears(model)  # CPU only: decode-sized GEMMs computed transposed (engine/cpu_kernels.py)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer = tokenizer_from_dir(Path(model_path))
     except (OSError, ValueError):
         tokenizer = None
     core = EngineCore(model, settings, tokenizer=tokenizer, weight_version=weight_version)
