@@ -610,7 +610,8 @@ class TrainerConfig:
     wandb: Literal["off", "offline", "online"] = setting(
         "offline", "offline: logged under the run dir, `wandb sync` later")
     wandb_project: str = setting("asyncrl", "the wandb project the run is logged to")
-    dump_trajectories: float = setting(1.0, "fraction of trajectories written to trajectories.jsonl")
+    dump_trajectories: float = setting(
+        1.0, "fraction of the trajectories the buffer stored written to trajectories-w<k>.jsonl")
     progress: bool = setting(
         True, "on a terminal, one progress line rewritten in place (false, or no terminal: plain lines)")
     weight_sync: WeightSyncConfig = setting(

@@ -199,8 +199,9 @@ class AsyncBufferProducer:
                 self._full_since = None
             return verdict
 
-    async def put(self, traj: Trajectory) -> None:
-        await self.put_bytes(msgspec.msgpack.encode(traj))
+    async def put(self, traj: Trajectory) -> str:
+        """Send one trajectory; the buffer's verdict (`put_bytes`)."""
+        return await self.put_bytes(msgspec.msgpack.encode(traj))
 
     async def _request(self, op: bytes, body: bytes) -> tuple[bytes, bytes]:
         """One non-PUT request; resent on timeout up to `retries` times."""

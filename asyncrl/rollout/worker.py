@@ -286,12 +286,15 @@ class RolloutWorker:
                 finally:
                     self.counts["reward_model_failures"] = self.reward_model.failures
         # put together (one coalesced request): the group waits for every chain of a split episode
-        await asyncio.gather(*(self.producer.put(t) for t in chains))
+        verdicts = await asyncio.gather(*(self.producer.put(t) for t in chains))
         self.recent_failed.append(False)
         self.counts["episodes"] += 1
         self.counts["reward_sum"] += chains[0].reward
-        for t in chains:
-            self.trajectory_log.write(t)
+        for t, verdict in zip(chains, verdicts):
+            # the dump holds what the buffer holds: a 'dup' (a prompt re-issued after a worker's restart, whose
+            # first attempt the buffer had stored, maybe trained) or 'late' attempt is not the record of that uid
+            if verdict == "new":
+                self.trajectory_log.write(t)
 
     async def _episode_failed(self, sample: Sample, error: BaseException) -> None:
         self.counts["episodes_failed"] += 1
