@@ -40,4 +40,4 @@ def test_bench_lists_exactly_the_modules_that_are_benchmarks():
         assert callable(getattr(module, "run", None)) and callable(getattr(module, "add_arguments", None)), name
     for helper in bench.HELPERS:
         assert not hasattr(importlib.import_module(f"asyncrl.bench.{helper}"), "run"), helper
-    assert {"buffer", "engine", "learner", "weights", "e2e", "agents", "data", "retriever"} <= set(names)
+    assert {"buffer", "engine", "learner", "weights", "e2e", "agents", "data", "retriever", "startup"} <= set(names)
