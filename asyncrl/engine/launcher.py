@@ -5,10 +5,11 @@ SGLang); it is the one place an engine is configured from the run's config (the 
 `asyncrl train`, `asyncrl eval` and `asyncrl generate`). The engine's settings have one owner,
 `asyncrl.config.EngineConfig`: the launchers take one whole (`engine`, plus keyword overrides of its
 fields for tests and benchmarks) and pass it on, never a default of their own.
-`launch_embedded(model_dir, engine)` spawns `python -m asyncrl.engine.cli serve ...` with the
-settings as flags (`cli.settings_argv`; the server and its scheduler get them back as one
-EngineConfig); with port 0 the server picks a free port and writes it to a port file that the
-launcher reads. `launch_sglang(model_dir, engine)` spawns `python -m sglang.launch_server ...` on a
+`launch_embedded(model_dir, engine)` spawns `python -m asyncrl.engine.cli serve ...` with the settings as
+flags (`cli.settings_argv`; the server and its scheduler get them back as one EngineConfig); from a
+process's second launch on, its fork server (asyncrl/engine/forkserver.py) forks that main instead, from
+a process that imported the engine once (`_relaunching`). With port 0 the server picks a free port and
+writes it to a port file that the launcher reads. `launch_sglang(model_dir, engine)` spawns `python -m sglang.launch_server ...` on a
 given (or free) port. Both return an `EngineProcess` with `.url`, `.pid`, `.alive()`, `.stop()`
 (SIGTERM, then SIGKILL after a grace period; the port is free once it returns). `attach(urls)` wraps
 running servers (stop is a no-op).
@@ -34,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +45,7 @@ import httpx
 
 from asyncrl.config import Config, EngineConfig
 from asyncrl.engine.cli import settings_argv
+from asyncrl.engine.forkserver import ForkedProcess, fork_server
 from asyncrl.models import precision
 from asyncrl.util.auth import ENV, auth_headers, ensure_token
 from asyncrl.util.net import free_port, is_loopback
@@ -56,7 +59,7 @@ class EngineProcess:
     """A launched (or attached: `proc` None) server. `scratch`: a temporary directory of the launch (its
     port file and log when no log_dir was given), removed once the process has exited on `stop`."""
 
-    def __init__(self, url: str, proc: subprocess.Popen | None, log_path: str | None = None,
+    def __init__(self, url: str, proc: subprocess.Popen | ForkedProcess | None, log_path: str | None = None,
                  scratch: Path | None = None):
         self.url = url
         self.proc = proc
@@ -156,7 +159,7 @@ def _spawn(cmd: list[str], log_path: str, extra_env: dict | None = None, die_wit
                                 preexec_fn=preexec)
 
 
-def _wait(proc: subprocess.Popen, url_of: Any, timeout_s: float, what: str, log_path: str) -> str:
+def _wait(proc: subprocess.Popen | ForkedProcess, url_of: Any, timeout_s: float, what: str, log_path: str) -> str:
     """Poll until `url_of()` gives a URL that answers /health; fail if the process exits first."""
     deadline = time.monotonic() + timeout_s
     ep = EngineProcess("", proc, log_path)
@@ -187,6 +190,21 @@ def engine_settings(engine: EngineConfig | None, overrides: dict[str, Any], defa
     return dataclasses.replace(engine if engine is not None else default, **overrides)
 
 
+_launches = 0
+_launches_lock = threading.Lock()
+
+
+def _relaunching() -> bool:
+    """True from this process's second embedded launch on. The first is a plain subprocess; a process that
+    launches again (an engine actor restarting its engine, `asyncrl eval` of several checkpoints, a test
+    session) has the later ones forked by its fork server, which costs its imports once (about 170 MB of
+    its own memory for as long as this process lives) and saves them at every launch after."""
+    global _launches
+    with _launches_lock:
+        _launches += 1
+        return _launches > 1
+
+
 def launch_embedded(
     model_dir: str | Path,
     engine: EngineConfig | None = None,
@@ -212,17 +230,22 @@ def launch_embedded(
     token_env = {ENV: ensure_token()}  # in the child's environment, never its argv
     work = Path(tempfile.mkdtemp(prefix="asyncrl-engine-", dir=log_dir))
     port_file, log_path = work / "port", str(work / "server.log")
-    cmd = [sys.executable, "-m", "asyncrl.engine.cli", "serve", "--model-path", str(model_dir), *settings_argv(engine),
-           "--port", str(port), "--port-file", str(port_file),
-           "--weight-version", str(weight_version), "--exit-with-parent", str(os.getpid())]
+    server = fork_server() if _relaunching() else None  # a relaunch is forked (asyncrl/engine/forkserver.py)
+    parent = server.pid if server is not None else os.getpid()
+    argv = ["serve", "--model-path", str(model_dir), *settings_argv(engine), "--port", str(port), "--port-file",
+            str(port_file), "--weight-version", str(weight_version), "--exit-with-parent", str(parent)]
     if threads:
-        cmd += ["--threads", str(threads)]
+        argv += ["--threads", str(threads)]
     for d in weights_dirs:
-        cmd += ["--weights-dir", str(d)]
+        argv += ["--weights-dir", str(d)]
     scratch = work if log_dir is None else None  # a temp dir of ours: removed by whoever outlives the other
     if scratch is not None:
-        cmd += ["--scratch-dir", str(scratch)]
-    proc = _spawn(cmd, log_path, {**(extra_env or {}), **token_env})
+        argv += ["--scratch-dir", str(scratch)]
+    env = {**(extra_env or {}), **token_env}
+    if server is not None:
+        proc: subprocess.Popen | ForkedProcess = server.spawn(argv, {**os.environ, **env}, log_path)
+    else:
+        proc = _spawn([sys.executable, "-m", "asyncrl.engine.cli", *argv], log_path, env)
 
     def url_of() -> str | None:
         if port_file.is_file():

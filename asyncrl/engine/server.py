@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import json
 import logging
@@ -187,6 +188,18 @@ def create_app(core: EngineCore, model_path: str = "", on_ready: Any | None = No
     return app
 
 
+ENGINE_PROCESS_NAME = b"asyncrl-engine"  # an engine server's name (`ps -o comm`, psutil's name()), forked or not
+
+
+def _name_process(name: bytes) -> None:
+    """Set this process's name (Linux: PR_SET_NAME; elsewhere nothing): a forked engine keeps its fork
+    server's command line (asyncrl/engine/forkserver.py), so the name is what tells an engine apart."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # 15: PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 def watch_parent(parent_pid: int, period_s: float = 1.0, scratch_dir: str | None = None) -> threading.Thread:
     """A daemon thread that ends this process (exit code 3) when it is re-parented away from `parent_pid`,
     removing `scratch_dir` first (the launcher's temporary dir of port file and log, which nobody reads once
@@ -230,6 +243,7 @@ def serve(
     refused before anything loads.
     """
     settings = settings if settings is not None else EngineConfig()
+    _name_process(ENGINE_PROCESS_NAME)
     host = settings.host
     token = token_from_env()
     check_bind(host, token)

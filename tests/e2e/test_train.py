@@ -74,9 +74,14 @@ def _pgid(p: psutil.Process) -> int | None:
         return None
 
 
+# an engine server's process name: engines are forked from a fork server (asyncrl/engine/forkserver.py), whose
+# command line they keep; `_cmdline` ends with the name, so a needle can name either
+ENGINE = "[asyncrl-engine]"
+
+
 def _cmdline(p: psutil.Process) -> str:
     try:
-        return " ".join(p.cmdline())
+        return " ".join(p.cmdline()) + f" [{p.name()}]"
     except psutil.Error:
         return ""
 
@@ -220,12 +225,12 @@ def test_async_run_survives_a_killed_worker_a_killed_engine_and_a_hung_engine(ti
         _wait_steps(out, 1, proc)
         _kill_one(proc, "ray::RolloutActor")
         _wait_steps(out, 2, proc)
-        killed = _kill_one(proc, "asyncrl.engine.cli serve")
+        killed = _kill_one(proc, ENGINE)
         # the relaunch is synchronous: a step recorded with the restart counted ran on the replacement
         healed = _wait_record(out, proc, lambda r: r["faults/engine_restarts"] >= 1, "the engine was relaunched")
         # with staleness 1, steps step+2.. need groups that only a replacement of the hung engine can generate
         assert healed["step"] <= total - 3, f"the run reached step {healed['step']} before the hang was injected"
-        hung = _find(proc, "asyncrl.engine.cli serve")[0]
+        hung = _find(proc, ENGINE)[0]
         assert hung.pid != killed
         hung.send_signal(signal.SIGSTOP)
         log = _finish(proc, 300, "finish after the kills and the hang")
@@ -321,7 +326,7 @@ def test_resume_after_a_crash_loses_nothing_and_sigterm_checkpoints_then_stops_e
         ours = _tree(proc)  # the run's own processes, found from its pid: no other process is looked at
         names = " ".join(_cmdline(p) for p in ours)
         for part in ("ray::LearnerActor", "ray::RolloutActor", "ray::EngineActor", "ray::BufferActor",
-                     "asyncrl.engine.cli serve", "raylet"):
+                     ENGINE, "raylet"):
             assert part in names, f"{part!r} is not among the run's processes: {names[:2000]}"
         os.kill(proc.pid, signal.SIGTERM)
         log, _ = proc.communicate(timeout=180)
