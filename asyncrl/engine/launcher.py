@@ -216,13 +216,15 @@ def launch_embedded(
     startup_timeout_s: float | None = None,
     log_dir: str | None = None,
     weights_dirs: Sequence[str | Path] = (),
+    fork: bool | None = None,
     **overrides: Any,
 ) -> EngineProcess:
     """Start the embedded engine server as a subprocess and wait for /health (up to `startup_timeout_s`,
     default engine.launch_timeout_s). `engine`: its settings, passed whole (None: BARE_EMBEDDED);
     `overrides`: EngineConfig fields replaced in it (`max_running_seqs=4`, `dtype="bfloat16"`, `host=...`).
     It holds this process's run token (`ensure_token`) and loads weights from disk only below `model_dir`
-    and `weights_dirs`."""
+    and `weights_dirs`. `fork`: forked by this process's fork server (None: from its second launch on,
+    `_relaunching`; `asyncrl bench startup` sets it to compare the two)."""
     engine = engine_settings(engine, overrides, BARE_EMBEDDED)
     if not (Path(model_dir) / "config.json").is_file():
         raise EngineLaunchError(f"model_dir={str(model_dir)!r} is not a Hugging Face checkpoint (no config.json)")
@@ -230,7 +232,8 @@ def launch_embedded(
     token_env = {ENV: ensure_token()}  # in the child's environment, never its argv
     work = Path(tempfile.mkdtemp(prefix="asyncrl-engine-", dir=log_dir))
     port_file, log_path = work / "port", str(work / "server.log")
-    server = fork_server() if _relaunching() else None  # a relaunch is forked (asyncrl/engine/forkserver.py)
+    relaunch = _relaunching()
+    server = fork_server() if (relaunch if fork is None else fork) else None  # asyncrl/engine/forkserver.py
     parent = server.pid if server is not None else os.getpid()
     argv = ["serve", "--model-path", str(model_dir), *settings_argv(engine), "--port", str(port), "--port-file",
             str(port_file), "--weight-version", str(weight_version), "--exit-with-parent", str(parent)]
