@@ -86,6 +86,11 @@ class ForkServer:
     def alive(self) -> bool:
         return self._proc.poll() is None
 
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Close its pipe: the server exits (its engines then exit too, having lost their parent)."""
+        self._in.close()
+        self._proc.wait(timeout=timeout_s)
+
     def spawn(self, argv: list[str], env: dict[str, str], log_path: str) -> ForkedProcess:
         with self._lock:
             self._in.write(json.dumps({"argv": argv, "env": env, "log": log_path}).encode() + b"\n")

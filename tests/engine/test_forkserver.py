@@ -12,7 +12,7 @@ import httpx
 import psutil
 import pytest
 
-from asyncrl.engine import forkserver, launcher
+from asyncrl.engine import forkserver
 from asyncrl.engine.launcher import launch_embedded
 from asyncrl.util.auth import ENV, auth_headers
 
@@ -57,21 +57,27 @@ def test_each_engine_is_forked_into_a_session_of_its_own_with_the_launchers_envi
 
 
 def test_engines_exit_with_their_fork_server_and_the_next_launch_starts_a_new_one(engine_model_dir, monkeypatch):
-    monkeypatch.setattr(launcher, "_launches", max(launcher._launches, 1))  # as if this process had launched one
-    eng = launch_embedded(engine_model_dir, threads=1, startup_timeout_s=120)
+    """On a fork server of this test's own (put in place of the process's, which other tests' engines in this
+    process depend on, and put back afterwards): SIGKILLed, its engine exits; the next launch starts another."""
+    own = forkserver.ForkServer()
+    monkeypatch.setattr(forkserver, "_server", own)
+    eng = launch_embedded(engine_model_dir, threads=1, startup_timeout_s=120, fork=True)
+    again = None
     try:
-        server = forkserver.fork_server()
-        assert psutil.Process(eng.pid).ppid() == server.pid
-        os.kill(server.pid, signal.SIGKILL)
+        assert psutil.Process(eng.pid).ppid() == own.pid
+        os.kill(own.pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while psutil.pid_exists(eng.pid) and psutil.Process(eng.pid).status() != psutil.STATUS_ZOMBIE:
             assert time.monotonic() < deadline, f"engine {eng.pid} outlived its fork server by 30 s"
             time.sleep(0.2)
         assert not eng.alive() and eng.proc.poll() is not None
-        again = launch_embedded(engine_model_dir, threads=1, startup_timeout_s=120)
-        try:
-            assert forkserver.fork_server().pid != server.pid and len(_generate(again.url)) == 3
-        finally:
-            again.stop()
+        again = launch_embedded(engine_model_dir, threads=1, startup_timeout_s=120, fork=True)
+        replacement = forkserver.fork_server()
+        assert replacement.pid != own.pid and psutil.Process(again.pid).ppid() == replacement.pid
+        assert len(_generate(again.url)) == 3
     finally:
         eng.stop()
+        if again is not None:
+            again.stop()
+        if forkserver._server is not own:
+            forkserver._server.close()
