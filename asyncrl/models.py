@@ -302,7 +302,7 @@ def pad_token_id(tokenizer: Any) -> int:
 
 
 # Model types whose tokenizer, saved as transformers' generic fast tokenizer, AutoTokenizer loads as exactly that
-# class (tests/core/test_models.py compares the two loads).
+# class (tests/rollout/test_no_torch.py compares the two loads).
 GENERIC_TOKENIZER_MODEL_TYPES = frozenset({"llama"})
 
 

@@ -88,7 +88,12 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def standalone_parser() -> argparse.ArgumentParser:
+    """The parser of `python -m asyncrl.engine.cli` (also what a forked engine parses: engine/forkserver.py)."""
     p = argparse.ArgumentParser(prog="python -m asyncrl.engine.cli")
     add_arguments(p)
-    sys.exit(main(p.parse_args()))
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(main(standalone_parser().parse_args()))

@@ -25,7 +25,6 @@ The contract, for the launcher:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import select
@@ -168,9 +167,8 @@ def _child(argv: list[str], env: dict[str, str], log_path: str) -> None:
         os.environ.update(env)
         sys.stdout = os.fdopen(1, "w", buffering=1)
         sys.stderr = os.fdopen(2, "w", buffering=1)
-        parser = _parser()
         sys.argv = ["python -m asyncrl.engine.cli", *argv]
-        code = cli.main(parser.parse_args(argv))
+        code = cli.main(cli.standalone_parser().parse_args(argv))
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:
@@ -182,12 +180,6 @@ def _child(argv: list[str], env: dict[str, str], log_path: str) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m asyncrl.engine.cli")
-    cli.add_arguments(p)
-    return p
 
 
 def _send(msg: dict[str, Any]) -> None:
@@ -204,7 +196,6 @@ def serve() -> None:
     # lazy: the engine server itself (the same reason)
     import asyncrl.engine.server  # noqa: F401
 
-    _parser()
     children: set[int] = set()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
