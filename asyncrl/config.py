@@ -162,8 +162,8 @@ class EngineConfig:
     )
     probe_timeout_s: float = setting(
         20.0,
-        "liveness of launched engines: seconds a one-token "
-        "/generate probe may take at each supervisor check",
+        "liveness of launched engines: seconds the probe may take at each supervisor check (embedded: "
+        "a one-token /generate; sglang: GET /health, SGLANG_HEALTH_CHECK_TIMEOUT set to this)",
     )
     probe_failures: int = setting(
         3,
@@ -576,9 +576,14 @@ class WeightSyncConfig:
     )
     disk_dir: Optional[str] = setting(
         None, "transport=disk: where the weight files are written (None: <run dir>/weight_sync)")
+    verify_every: int = setting(
+        1, "every this many syncs, one tensor (rotating) is read back from each engine and must equal what "
+        "was sent (GET /get_weights_by_name; one call per engine); 0: never. Names are checked before an "
+        "engine's first sync whatever this says")
 
     def __post_init__(self) -> None:
         _at_least(self, "trainer.weight_sync", 1, "bucket_mb")
+        _at_least(self, "trainer.weight_sync", 0, "verify_every")
         _positive(self, "trainer.weight_sync", "timeout_s")
 
 

@@ -9,9 +9,12 @@ to the same engine (sticky), so a trajectory's turns share one engine. Sessions 
 LRU-bounded (`max_sessions`).
 
 Rids: every POST /generate carries a rid of its own, `<32 hex chars>-<caller's rid>`. SGLang
-refuses a rid that is still live (400) and aborts by rid PREFIX, so a rid must be fresh for each
-attempt and no rid may be a prefix of another: two different rids of this form differ within
-their first 32 characters, which a prefix cannot. The caller's rid is kept for the logs only.
+refuses a rid that is still live (400). Its abort takes an exact rid (the tokenizer drops a rid it
+does not hold, and sends an abort once per rid), then its scheduler aborts every request whose rid
+STARTS with it; so a rid must be fresh for each attempt and no rid may be a prefix of another: two
+different rids of this form differ within their first 32 characters. The client aborts only the
+exact rids it sent. An abort of a request still held at SGLang's pause gate is lost (it has not
+reached the scheduler); it runs once the engine continues. The caller's rid is kept for the logs only.
 
 Retries: a connection/transport error or a 5xx reply is retried up to `max_retries` times with
 exponential backoff and a fresh rid; after a read timeout the old rid is aborted first (best

@@ -29,6 +29,7 @@ import ctypes
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import shutil
 import signal
@@ -320,7 +321,10 @@ def launch_sglang(
     log_path = str(work / "server.log")
     keys = sglang_key_config(work, host, ensure_token())
     cmd = sglang_command(model_dir, engine, port, weight_version=weight_version, extra_args=["--config", str(keys)])
-    proc = _spawn(cmd, log_path, extra_env, die_with_parent=True)
+    # SGLang's /health answers 503 after this many seconds without a word from its scheduler: the
+    # liveness probe's limit (asyncrl/run/engine_actor.py probe_sglang)
+    env = {"SGLANG_HEALTH_CHECK_TIMEOUT": str(math.ceil(engine.probe_timeout_s)), **(extra_env or {})}
+    proc = _spawn(cmd, log_path, env, die_with_parent=True)
     url = f"http://{host}:{port}"
     try:
         _wait(proc, lambda: url, startup_timeout_s, f"sglang server (pid {proc.pid})", log_path)

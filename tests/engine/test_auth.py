@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from asyncrl.engine.launcher import answers, launch_embedded
-from asyncrl.run.engine_actor import paused, probe
+from asyncrl.run.engine_watch import paused, probe
 from asyncrl.util.auth import (
     ENV,
     TokenError,

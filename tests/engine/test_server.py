@@ -297,7 +297,7 @@ def test_engine_watch_counts_probes_skips_paused_and_kills_a_stopped_engine(engi
     import httpx
 
     from asyncrl.engine.launcher import launch_embedded
-    from asyncrl.run.engine_actor import EngineWatch
+    from asyncrl.run.engine_watch import EngineWatch
 
     proc = launch_embedded(engine_model_dir, max_running_seqs=4, threads=1, startup_timeout_s=120)
     try:

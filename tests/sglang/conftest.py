@@ -1,8 +1,19 @@
 """SGLang 0.5.23's real HTTP app (routes, request validation, the /generate contract gate, error
 handling) on a real socket, with only its backend, the TokenizerManager, replaced by a recorder
-that answers as SGLang's TokenizerManager + scheduler do: per-token weight-version events and
-spans built by SGLang's own functions (srt/utils/weight_versions.py), abort by rid prefix,
-pause (abort | in_place) / continue, duplicate live rid refused, errors with a status_code.
+that answers as SGLang's TokenizerManager + scheduler do (paths under sglang/srt/):
+- per-token weight-version events and spans built by SGLang's own functions (utils/weight_versions.py);
+- abort: the tokenizer looks the rid up exactly (tokenizer_manager.py abort_request: an unknown rid is
+  dropped, a repeated one sent once); the scheduler then aborts every request it holds whose rid
+  starts with it (scheduler.py abort_request); a request still held at the pause gate has not
+  reached the scheduler, so an abort of it is lost;
+- pause: every /generate waits at the gate while paused (tokenizer_manager.py:938); mode abort
+  aborts everything started and returns only once no started request is left, re-aborting every
+  second (tokenizer_manager.py pause_generation); continue opens the gate;
+- a running batch of at most `max_running` requests (None: unbounded): a request beyond it waits in
+  the scheduler's queue; a health check (rid HEALTH_CHECK_*) takes no slot: a busy scheduler answers
+  it after its next step (scheduler.py return_health_check_ipcs), an idle one runs it;
+- `stuck`: a hung scheduler: no step, no health answer, no control answer (/server_info);
+- a duplicate live rid refused, errors with a status_code.
 
 Runs only where `sglang` imports (scripts/setup_sglang_env.sh makes .venv-sglang); skipped
 elsewhere with the import error as the reason.
@@ -62,6 +73,9 @@ class InjectedError(ValueError):
 class _Req:
     def __init__(self, rid: str, input_ids: list[int], sp: dict):
         self.rid, self.input_ids, self.sp = rid, input_ids, sp
+        self.dispatched = False  # past the pause gate: the scheduler holds it
+        self.abort_sent = False
+        self.admitted = False  # in the running batch
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
         self.weight_version_events: list = []
@@ -71,9 +85,14 @@ class _Req:
 class RecordingTokenizerManager:
     """What http_server's native routes call on `_global_state.tokenizer_manager`."""
 
-    def __init__(self, weight_version: str = "0", step_s: float = 0.002):
+    def __init__(self, weight_version: str = "0", step_s: float = 0.002, max_running: int | None = None,
+                 server_args: Any = None):
         self.weight_version = weight_version
         self.step_s = step_s
+        self.max_running = max_running
+        self.stuck = False
+        self.readers = 0  # requests past the pause gate (model_update_lock's reader lock)
+        self.server_args, self.startup_time = server_args, time.time()  # read by /server_info
         self.live: dict[str, _Req] = {}
         self.rids: list[str] = []  # every rid a /generate carried, in order
         self.aborts: list[tuple[str, bool]] = []
@@ -105,8 +124,11 @@ class RecordingTokenizerManager:
     async def generate_request(self, obj: Any, request: Any = None):
         rid = obj.rid or uuid.uuid4().hex
         if rid.startswith("HEALTH_CHECK"):
-            async with self.cond():
+            async with self.cond():  # held at the gate while paused, like any generation
                 await self.cond().wait_for(lambda: not self.is_pause)
+            while self.stuck:
+                await asyncio.sleep(self.step_s)
+            await asyncio.sleep(self.step_s)  # answered after the next step, or run
             self.last_receive_tstamp = time.time()
             yield {}
             return
@@ -121,17 +143,11 @@ class RecordingTokenizerManager:
         try:
             async with self.cond():  # a request posted while paused waits (tokenizer_manager.py:938)
                 await self.cond().wait_for(lambda: not self.is_pause)
-            n = int(sp.get("max_new_tokens", 128))
-            while req.finish is None:
-                if len(req.output_ids) >= n:
-                    req.finish = {"type": "length", "length": n}
-                    break
-                if not self.is_pause:
-                    t = (sum(req.input_ids) + len(req.output_ids)) % 1000
-                    req.output_ids.append(t)
-                    req.logprobs.append(-0.01 * (1 + t % 7))
-                    self.tokens_out += 1
-                await asyncio.sleep(self.step_s)
+            req.dispatched, self.readers = True, self.readers + 1
+            try:
+                await self._run(req, int(sp.get("max_new_tokens", 128)))
+            finally:
+                self.readers -= 1
         finally:
             self.live.pop(rid, None)
         n_out = len(req.output_ids)
@@ -144,20 +160,51 @@ class RecordingTokenizerManager:
         add_weight_versions_to_meta_info(meta, spans, num_output_tokens=n_out)
         yield {"text": "", "output_ids": list(req.output_ids), "meta_info": meta}
 
+    def running(self) -> int:
+        return sum(1 for r in self.live.values() if r.admitted and r.finish is None)
+
+    async def _run(self, req: _Req, n: int) -> None:
+        """The scheduler: wait for a slot in the running batch, then one token per step until done."""
+        while req.finish is None and self.max_running is not None and self.running() >= self.max_running:
+            await asyncio.sleep(self.step_s)
+        req.admitted = True
+        while req.finish is None:
+            if len(req.output_ids) >= n:
+                req.finish = {"type": "length", "length": n}
+                break
+            if not self.is_pause and not self.stuck:
+                t = (sum(req.input_ids) + len(req.output_ids)) % 1000
+                req.output_ids.append(t)
+                req.logprobs.append(-0.01 * (1 + t % 7))
+                self.tokens_out += 1
+            await asyncio.sleep(self.step_s)
+
+    async def get_internal_state(self) -> list[dict]:  # /server_info: the scheduler answers, unless hung
+        while self.stuck:
+            await asyncio.sleep(self.step_s)
+        return [{}]
+
     # ---- control -----------------------------------------------------------------------
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         self.aborts.append((rid, abort_all))
-        if not abort_all and not rid:
-            return
-        for r in list(self.live.values()):  # the scheduler matches by prefix (scheduler.py abort_request)
-            if r.finish is None and (abort_all or r.rid.startswith(rid)):
+        if not abort_all:
+            state = self.live.get(rid)  # the tokenizer's exact lookup: an unknown rid is dropped
+            if not rid or state is None or state.abort_sent:
+                return
+            state.abort_sent = True
+        for r in list(self.live.values()):  # the scheduler matches what it holds by prefix
+            if r.dispatched and r.finish is None and (abort_all or r.rid.startswith(rid)):
                 r.finish = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 
     async def pause_generation(self, obj: Any) -> None:
         async with self.cond():
             self.is_pause = True
-            if obj.mode == "abort":
-                self.abort_request(abort_all=True)
+            if obj.mode == "abort":  # returns once no started request is left
+                while True:
+                    self.abort_request(abort_all=True)
+                    if not self.readers:
+                        break
+                    await asyncio.sleep(1.0)
 
     async def continue_generation(self, obj: Any) -> None:
         async with self.cond():

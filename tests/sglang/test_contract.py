@@ -47,12 +47,13 @@ async def test_spans_across_an_in_place_update_expand_per_token(sglang_app):
 
 
 @pytest.mark.timeout(60)
-async def test_sync_abort_is_continued_and_a_prefix_abort_answers_empty_200(sglang_app):
+async def test_sync_abort_is_continued_and_a_user_abort_takes_the_exact_rid(sglang_app):
     tm, url = sglang_app.tm, sglang_app.url
     async with EngineClient(url) as c:
         task = asyncio.create_task(c.generate([4, 5], SamplingParams(temperature=0, max_new_tokens=60), rid="ep-t1"))
         await _until(lambda: tm.tokens_out >= 5)
         await _post(url, "/pause_generation", {"mode": "abort"})
+        assert not any(r.dispatched for r in tm.live.values())  # it returns once every started request ended
         k = tm.tokens_out
         await _until(lambda: len(tm.rids) == 2)  # the continuation, held while paused
         await _post(url, "/update_weight_version", {"new_version": "1", "abort_all_requests": False})
@@ -62,16 +63,22 @@ async def test_sync_abort_is_continued_and_a_prefix_abort_answers_empty_200(sgla
     assert res.versions == [0] * k + [1] * (60 - k)
     assert all(r.endswith("-ep-t1") for r in tm.rids) and len(set(tm.rids)) == 2
 
-    # a user abort by rid: SGLang answers 200 with an empty body and the generation ends as abort
-    # when the abort carries a status (here none: so the client would continue; use rounds=0)
+    # a user abort: SGLang answers 200 with an empty body whatever the rid; a prefix of a live rid is not
+    # one the tokenizer holds, so nothing is aborted; the exact rid ends the generation as abort (no
+    # status: the client would continue it; rounds=0)
     async with EngineClient(url, max_abort_rounds=0) as c:
         task = asyncio.create_task(c.generate([4], SamplingParams(max_new_tokens=100000), rid="user"))
         await _until(lambda: any(r.endswith("-user") for r in tm.live))
-        prefix = next(r for r in tm.live if r.endswith("-user"))[:8]
-        r = await _post(url, "/abort_request", {"rid": prefix})
+        rid = next(r for r in tm.live if r.endswith("-user"))
+        r = await _post(url, "/abort_request", {"rid": rid[:8]})
+        assert r.status_code == 200 and r.content == b""
+        k = tm.tokens_out
+        await _until(lambda: tm.tokens_out > k + 5)
+        assert not task.done() and rid in tm.live
+        r = await _post(url, "/abort_request", {"rid": rid})
         assert r.status_code == 200 and r.content == b""
         res = await task
-    assert res.finish_reason == "abort" and tm.aborts[-1] == (prefix, False)
+    assert res.finish_reason == "abort" and tm.aborts[-2:] == [(rid[:8], False), (rid, False)]
 
 
 @pytest.mark.timeout(60)
