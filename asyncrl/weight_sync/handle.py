@@ -60,7 +60,8 @@ class SenderHandle:
             return
         colocated = torch.cuda.is_available() and torch.cuda.device_count() == 1
         kind = transport or resolve_transport(cfg.transport, torch.cuda.is_available(), colocated)
-        self.sender = WeightSender(_transport(cfg, kind), timeout_s=cfg.timeout_s, mode=cfg.mode)
+        self.sender = WeightSender(_transport(cfg, kind), timeout_s=cfg.timeout_s, mode=cfg.mode,
+                                   verify_every=cfg.verify_every)
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="weight-sync", daemon=True).start()
         self._run(self.sender.connect(self.engine_urls))

@@ -7,6 +7,9 @@
     POST /update_weights_from_tensor       {serialized_named_tensors (one per TP rank), load_format, flush_cache, weight_version}
     POST /end_weight_update                {}  closes it (refused when none is open)
     POST /update_weights_from_disk         {model_path, weight_version, flush_cache, load_format}  (no session)
+    GET|POST /get_weights_by_name          {name, truncate_size=100}: a bare JSON list, the tensor as float32
+                                           cut to its first truncate_size rows; HTTP 400 {"error": {"message":
+                                           "Get parameter by name failed"}} for a name the model does not hold
 Answers: HTTP 200 {"success": true, "message"}; HTTP 400 {"success": false, "message"} when the
 engine refuses (outside a session, no such group, a tensor the model does not have: "Failed to
 update parameter online: ..."); HTTP 400 with an error object and no "success" for a malformed
@@ -71,6 +74,22 @@ def make_router(core: Any, weights_roots: Sequence[str | os.PathLike] = ()) -> A
         ("/weight_sync_probe_broadcast", receiver.probe_broadcast),
     ]:
         router.add_api_route(path, handler(method), methods=["POST"])
+
+    @router.api_route("/get_weights_by_name", methods=["GET", "POST"])
+    async def weights_by_name(request: Request) -> JSONResponse:
+        body = await _body(request)
+        if isinstance(body, Answer):
+            return JSONResponse(body.body, status_code=body.status)
+        name, size = body.get("name"), body.get("truncate_size", 100)
+        if not isinstance(name, str) or not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            bad = invalid(f"get_weights_by_name needs name (a string) and truncate_size (an int >= 0), got "
+                          f"{name!r:.80}, {size!r:.40}")
+            return JSONResponse(bad.body, status_code=bad.status)
+        t = core.model.state_dict().get(name)
+        if t is None:
+            return JSONResponse({"error": {"message": "Get parameter by name failed"}}, status_code=400)
+        t = t.detach().reshape(1) if t.dim() == 0 else t.detach()
+        return JSONResponse(t[:size].float().cpu().tolist())
 
     @router.get("/weight_sync_info")
     async def info() -> dict:

@@ -8,12 +8,17 @@ One sync of `version`, whatever moves the bytes:
     pause      POST /pause_generation {mode}: "retract" for trainer.weight_sync.mode=in_place
                (requests are kept; SGLang retracts them so the KV cache can be flushed), "abort"
     begin      POST /begin_weight_update (SGLang refuses distributed and tensor updates outside it)
+    names      before an engine's first bucket from this sender (a relaunched engine gets a new
+               sender): every tensor of each bucket is one the engine loads (verify.py), else
+               WeightMismatchError before that bucket moves
     buckets    one transport call per bucket; the last carries weight_version (a string) and
                flush_cache: true, so no engine reports the version while holding half the weights
     version    the transport's finish step (disk: POST /update_weights_from_disk)
     end        POST /end_weight_update, in a `finally`: also after an abandoned or refused sync
     continue   POST /continue_generation, always
     drain      the bucket iterator is consumed to the end, always (the FSDP gather behind it is collective)
+    values     every `verify_every`-th sync: one tensor (rotating) read back from every engine that took
+               it must be what was sent (verify.py), else WeightMismatchError
 
 An engine that is dead, hangs or times out is left out and reported in the SyncReport (and the next
 sync builds its group without it); a refusal (the engine answered and said no) raises: a refused
@@ -37,6 +42,7 @@ from asyncrl.config import WeightSyncConfig
 from asyncrl.weight_sync.bucketing import nbytes
 from asyncrl.weight_sync.engine_http import PROBE_TIMEOUT_S, EngineHTTP
 from asyncrl.weight_sync.errors import WeightMismatchError, WeightSyncError
+from asyncrl.weight_sync.verify import check_names, check_values, sample_of
 
 log = logging.getLogger(__name__)
 
@@ -118,14 +124,22 @@ class WeightSender:
     """Pushes the learner's full weights to inference engines (learner rank 0 only)."""
 
     def __init__(self, transport: Transport, *, timeout_s: float = WeightSyncConfig.timeout_s,
-                 mode: str = WeightSyncConfig.mode, probe_timeout_s: float = PROBE_TIMEOUT_S):
+                 mode: str = WeightSyncConfig.mode, probe_timeout_s: float = PROBE_TIMEOUT_S,
+                 verify_every: int = WeightSyncConfig.verify_every):
         if mode not in PAUSE_MODE:
             raise WeightSyncError("config", f"weight sync mode {mode!r} is not one of {sorted(PAUSE_MODE)}")
         if timeout_s <= 0:
             raise WeightSyncError("config", f"weight sync timeout_s must be > 0, got {timeout_s}")
+        if verify_every < 0:
+            raise WeightSyncError("config", f"weight sync verify_every must be >= 0, got {verify_every}")
         self.transport, self.timeout_s, self.pause_mode = transport, float(timeout_s), PAUSE_MODE[mode]
+        self.verify_every = int(verify_every)
         self.http = EngineHTTP(min(probe_timeout_s, timeout_s))
         self.urls: list[str] = []
+        self.verified: set[str] = set()  # engines whose names were checked (verify.check_names)
+        self.syncs = 0  # sync() calls so far: which of them read a tensor back
+        self.n_tensors = 0  # tensors in the last full sync: the rotation of the one read back
+        self._sample: tuple[str, torch.Tensor] | None = None
 
     async def connect(self, engine_urls: list[str]) -> dict[str, WeightSyncError]:
         """Remember the engines and prepare the transport with the live ones; {url: why} left out."""
@@ -159,12 +173,28 @@ class WeightSender:
             left_out = await self.transport.prepare(self.http, live)  # a group it cannot build: left out
             report.engines_failed.update(left_out)
             live = [u for u in live if u not in left_out]
+            self._sample = None
             if live:
                 await self._paused(it, str(int(version)), live, report)
+            if self._sample is not None and report.engines_ok:
+                unasked = await check_values(self.http, report.engines_ok, *self._sample)
+                for u, e in unasked.items():
+                    log.warning("weight sync v%s: could not read %s back from %s: %s", version, self._sample[0], u, e)
         finally:
             await asyncio.to_thread(drain, it)
             report.seconds = time.perf_counter() - t0
+            self.syncs += 1
         return report
+
+    def _sample_index(self) -> int | None:
+        """Which tensor of this sync is read back after it (None: no check this time)."""
+        if not self.verify_every or self.syncs % self.verify_every:
+            return None
+        return (self.syncs // self.verify_every) % max(self.n_tensors, 1)
+
+    async def _check_names(self, bucket: Bucket, engines: list[str]) -> None:
+        shapes = {n: tuple(t.shape) for n, t in bucket}
+        await asyncio.gather(*(check_names(self.http, u, shapes) for u in engines))
 
     async def _paused(self, it: Iterator[Bucket], version: str, live: list[str], report: SyncReport) -> None:
         errs = await self.http.post_all(live, "/pause_generation", {"mode": self.pause_mode}, self.timeout_s)
@@ -224,7 +254,15 @@ class WeightSender:
         bucket = await asyncio.to_thread(next, it, None)
         if bucket is None:
             raise WeightSyncError("config", "the learner yielded no tensors to send")
+        index, sample_at = 0, self._sample_index()
         while bucket is not None:
+            unverified = [u for u in engines if u not in self.verified]
+            if unverified:
+                await self._check_names(bucket, unverified)
+            if sample_at is not None and index <= sample_at < index + len(bucket):
+                name, t = bucket[sample_at - index]
+                self._sample = (name, sample_of(t))
+            index += len(bucket)
             after = await asyncio.to_thread(next, it, None)  # look ahead: the last bucket carries the version
             errs = await self.transport.send_bucket(self.http, bucket, engines, version if after is None else None, report)
             report.buckets += 1
@@ -233,6 +271,8 @@ class WeightSender:
             bucket = after
         engines = self._after_step(await self.transport.finish(self.http, engines, version), engines, report)
         report.engines_ok = engines
+        self.n_tensors = index
+        self.verified.update(engines)
 
     # ------------------------------------------------------------------ failures
 

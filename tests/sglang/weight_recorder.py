@@ -32,7 +32,6 @@ import asyncio
 import json
 import multiprocessing as mp
 import threading
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -53,17 +52,14 @@ GROUP_TIMEOUT = timedelta(seconds=60)  # SGLang passes none (30 min default); a 
 
 
 class WeightRecorder(RecordingTokenizerManager):
-    def __init__(self, server_args: Any, runner: ModelRunner):
-        super().__init__()
-        self.runner = runner.call
-        self.server_args, self.startup_time = server_args, time.time()
+    def __init__(self, server_args: Any, runner: ModelRunner | None, **kw: Any):
+        super().__init__(server_args=server_args, **kw)
+        self.runner = runner.call if runner is not None else None
         self.params = {n: torch.zeros(s) for n, s in HELD.items()}
         self.session: dict | None = None
         self.skipped: list[str] = []  # names load_weights ignored
+        self.skip_silently: set[str] = set()  # names load_weights skips without a word (a tied lm_head ...)
         self.pause_mode: str | None = None
-
-    async def get_internal_state(self) -> list[dict]:  # /server_info
-        return [{}]
 
     async def pause_generation(self, obj: Any) -> None:
         self.pause_mode = obj.mode
@@ -132,6 +128,12 @@ class WeightRecorder(RecordingTokenizerManager):
             return False, message.replace("Failed to update parameter online", "Failed to update weights")
         return (*self._loaded(obj, True, "Succeeded to update model weights.", session=False), 0)
 
+    async def get_weights_by_name(self, obj: Any, request: Any = None) -> list | None:
+        """models/llama.py get_weights_by_name: the parameter as float32, `.tolist()[:truncate_size]`;
+        None (the route's HTTP 400 "Get parameter by name failed") for a name the model does not map."""
+        param = self.params.get(obj.name)
+        return None if param is None else param.float().tolist()[:obj.truncate_size]
+
     # ---- the scheduler and model runner ------------------------------------------------------
     def _load(self, named: list) -> tuple[bool, str]:
         """LlamaForCausalLM.load_weights (models/llama.py:760-780, loader v1, the default): a name it
@@ -139,6 +141,8 @@ class WeightRecorder(RecordingTokenizerManager):
         1574-1586) asserts the size and copies (converting the dtype)."""
         try:
             for name, w in named:
+                if name in self.skip_silently:
+                    continue
                 if name not in self.params:
                     self.skipped.append(name)  # logger.warning(f"Parameter {name} not found in params_dict")
                     continue

@@ -99,7 +99,7 @@ async def test_disk_update_refused_by_status_raises_mismatch_and_continues(scrip
     server, url = scripted
     calls: list[str] = []
     _Scripted.script = {"/model_info": (200, {"weight_version": "0"}), "/pause_generation": (200, {"success": True}),
-                        "/continue_generation": (200, {"success": True}),
+                        "/continue_generation": (200, {"success": True}), "/get_weights_by_name": (200, [0.0, 0.0]),
                         "/update_weights_from_disk": (400, {"success": False, "message": "no", "num_paused_requests": 0})}
     orig = _Scripted._answer
 
@@ -117,11 +117,13 @@ async def test_disk_update_refused_by_status_raises_mismatch_and_continues(scrip
         _Scripted.do_GET = _Scripted.do_POST = orig
         await sender.close()
     assert err.value.url == url and err.value.status == 400
-    assert calls == ["/model_info", "/model_info", "/pause_generation", "/update_weights_from_disk", "/continue_generation"]
+    assert calls == ["/model_info", "/model_info", "/pause_generation", "/get_weights_by_name", "/update_weights_from_disk",
+                     "/continue_generation"]
     assert (tmp_path / "v4" / "model.safetensors.index.json").is_file()
 
 
-@pytest.mark.parametrize("kwargs,needle", [({"mode": "sometimes"}, "mode 'sometimes'"), ({"timeout_s": 0}, "timeout_s")])
+@pytest.mark.parametrize("kwargs,needle", [({"mode": "sometimes"}, "mode 'sometimes'"), ({"timeout_s": 0}, "timeout_s"),
+                                           ({"verify_every": -1}, "verify_every must be >= 0")])
 def test_bad_sender_settings_are_config_errors(kwargs, needle, tmp_path):
     with pytest.raises(WeightSyncError, match=needle) as err:
         WeightSender(DiskTransport(str(tmp_path)), **kwargs)

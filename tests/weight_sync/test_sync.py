@@ -248,6 +248,31 @@ async def test_updates_outside_a_session_are_refused_with_400(untouched):
     assert version_of(url) == "0" and not info(url)["session_open"]
 
 
+def test_get_weights_by_name_answers_as_sglang_and_refuses_the_rest(untouched, tiny_model_dir):
+    """The read-back route (weight_sync/verify.py): SGLang's answer shape, its 400 for an unknown name,
+    the run's token required (SGLang: ADMIN_OPTIONAL), hostile bodies refused without touching the model."""
+    from safetensors import safe_open
+
+    url = untouched.url + "/get_weights_by_name"
+    with safe_open(str(tiny_model_dir / "model.safetensors"), "pt") as f:
+        emb = f.get_tensor("model.embed_tokens.weight")
+    r = httpx.post(url, json={"name": "model.embed_tokens.weight", "truncate_size": 2}, timeout=10, headers=auth_headers())
+    assert r.status_code == 200 and torch.tensor(r.json()).shape == (2, emb.shape[1]), r.text[:200]
+    assert torch.equal(torch.tensor(r.json()), emb[:2].float())
+    r = httpx.request("GET", url, json={"name": "model.norm.weight", "truncate_size": 10**12}, timeout=10,
+                      headers=auth_headers())  # a huge truncate_size is the whole tensor
+    assert r.status_code == 200 and len(r.json()) == emb.shape[1]
+    r = httpx.post(url, json={"name": "model.layers.99.mlp.weight"}, timeout=10, headers=auth_headers())
+    assert r.status_code == 400 and r.json() == {"error": {"message": "Get parameter by name failed"}}
+    assert httpx.post(url, json={"name": "model.norm.weight"}, timeout=10).status_code == 401
+    for body in [{"name": 3}, {"name": "model.norm.weight", "truncate_size": -1},
+                 {"name": "model.norm.weight", "truncate_size": True}, {"name": "x", "truncate_size": 1.5}, [1]]:
+        r = httpx.post(url, json=body, timeout=10, headers=auth_headers())
+        assert r.status_code == 400 and "success" not in r.json(), (body, r.text)
+    r = httpx.post(url, content=b"{not json", timeout=10, headers=auth_headers())
+    assert r.status_code == 400
+
+
 @pytest.mark.parametrize("body", [
     {"names": ["a"], "dtypes": ["float32"], "shapes": [[1]], "weight_version": 5},  # an int, not a string
     {"names": ["a"], "dtypes": ["float32"], "shapes": [[1]], "weight_version": "v5"},  # not this engine's
