@@ -101,16 +101,19 @@ class GroupTransport(Transport):
         return await self._build_group(http, engines)
 
     async def retire(self, http: EngineHTTP) -> None:
-        """Drop the current group on both sides (best effort; never blocks on a stuck collective)."""
+        """Drop the current group on both sides (best effort; never blocks on a stuck collective).
+        Destroying our rank closes its connections: a gloo receiver still waiting in this group's
+        broadcast (an SGLang scheduler joins with torch's 30-minute default and no way to set another)
+        fails at once, so the survivors of an abandoned sync serve on within timeout_s."""
         pg, name, members = self.pg, self.group_name, self.members
         self.pg, self.group_name, self.members = None, "", []
         if pg is None:
             return
         if members:
             await http.post_all(members, "/destroy_weights_update_group", {"group_name": name}, http.probe_timeout_s)
-        inflight = self._inflight
+        inflight, self._inflight = self._inflight, None
         if inflight is not None and not inflight.done():  # destroy once the stuck collective returns
-            inflight.add_done_callback(lambda _f: destroy_group(pg))
+            inflight.add_done_callback(lambda _f: destroy_group(pg))  # (within the group's timeout_s)
         else:
             await asyncio.to_thread(destroy_group, pg)
 
@@ -186,8 +189,8 @@ class GroupTransport(Transport):
             early = {u: p.result() for u, p in posts.items() if p in done and p.result() is not None}
             if early and not await self._broadcast_ends(http.probe_timeout_s):
                 return early  # failed before the broadcast, which then never ends: it never joined
-        if self._inflight.exception() is not None:  # e.g. gloo: "Connection closed by peer"
-            raise SyncAbandoned({}, f"broadcast failed: {self._inflight.exception()}")
+        if isinstance(self._inflight.result(), str):  # e.g. gloo: "Connection closed by peer"
+            raise SyncAbandoned({}, f"broadcast failed: {self._inflight.result()}")
         report.collectives += self._inflight.result()
         errs = {u: err for u, err in zip(posts, await asyncio.gather(*posts.values())) if err is not None}
         # the bytes arrived: a refusal now is about the tensors
@@ -205,17 +208,23 @@ class GroupTransport(Transport):
             return True
         return True
 
-    def _broadcast(self, pg: Any, bucket: Bucket) -> int:
-        """Rank 0's side of one bucket (blocking, in a worker thread). Returns the collective count."""
-        tensors = [t.detach().to(self.device) for _, t in bucket]
-        if self.coalesce:
-            bufs = [pack(tensors, idx) for _, idx in flat_groups(metas_of(bucket))]
-        else:
-            bufs = [t.contiguous() for t in tensors]
-        works = [dist.broadcast(b, src=0, group=pg, async_op=True) for b in bufs]
-        for w in works:
-            w.wait()
-        return len(bufs)
+    def _broadcast(self, pg: Any, bucket: Bucket) -> int | str:
+        """Rank 0's side of one bucket (blocking, in a worker thread). Returns the collective count, or
+        the failure as text: it never raises, because a traceback held by the future would keep `pg`
+        alive, and only destroying `pg` closes its connections, which is what ends the survivors'
+        receives (retire)."""
+        try:
+            tensors = [t.detach().to(self.device) for _, t in bucket]
+            if self.coalesce:
+                bufs = [pack(tensors, idx) for _, idx in flat_groups(metas_of(bucket))]
+            else:
+                bufs = [t.contiguous() for t in tensors]
+            works = [dist.broadcast(b, src=0, group=pg, async_op=True) for b in bufs]
+            for w in works:
+                w.wait()
+            return len(bufs)
+        except Exception as e:  # noqa: BLE001 - reported as text, see above
+            return f"{type(e).__name__}: {e}"
 
     async def broadcast_flat(self, http: EngineHTTP, numel: int, dtype: torch.dtype = torch.float32) -> float:
         """Benchmark ceiling (extension /weight_sync_probe_broadcast): one flat broadcast of `numel`

@@ -328,3 +328,47 @@ async def test_flush_with_requests_running_fails_the_update_so_the_sender_pauses
                 await task
         finally:
             await sender.close()
+
+
+@pytest.mark.sglang
+@skip_without_sglang
+@pytest.mark.timeout(300)
+async def test_an_engine_killed_mid_broadcast_frees_the_survivor_and_the_group_reforms(sglang_config):
+    """Two SGLang apps whose model runners join with SGLang's own group timeout (it gives none: torch's
+    30 minutes): A in this process, B in its own (recorder_server.py), whose runner dies after the
+    first tensor of the bucket, taking B's server with it. A must leave its receive within
+    trainer.weight_sync.timeout_s, not 30 minutes, and the next sync re-forms the group without B."""
+    import subprocess
+    import sys
+    import time
+
+    runner = ModelRunner(group_timeout=None)
+    tm = WeightRecorder(sglang_config, runner)
+    b = subprocess.Popen([sys.executable, "-m", "tests.sglang.recorder_server", "--die-after", "1"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
+    timeout_s = 10.0
+    try:
+        b_url = b.stdout.readline().strip()
+        assert b_url.startswith("http://"), f"recorder_server did not start (exit {b.poll()})"
+        with SGLangApp(tm) as a:
+            sender = WeightSender(GroupTransport("gloo", timeout_s=timeout_s), timeout_s=timeout_s)
+            await sender.connect([b_url, a.url])  # B is rank 1: rank 0 sends to it first, then to A
+            try:
+                t0 = time.monotonic()
+                report = await sender.sync(iter([list(tensors(12).items())]), version=2)
+                assert not report.ok and b_url in report.engines_failed, report
+                await asyncio.to_thread(runner.call, "groups")  # A's runner left its receive
+                freed_s = time.monotonic() - t0
+                assert freed_s < timeout_s + 10, f"the survivor stayed in its receive {freed_s:.0f}s"
+                assert b.wait(timeout=30) == 1  # B's server went with its runner
+                report = await sender.sync(iter([list(tensors(13).items())]), version=3)
+                assert report.engines_ok == [a.url] and b_url in report.engines_failed, report
+            finally:
+                await sender.close()
+            engine = Engine("sglang", a.url, Path("."), tm)
+            assert_idle_at(engine, 3)
+            assert_holds(engine, tensors(13))
+    finally:
+        b.kill()
+        b.wait()
+        runner.close()

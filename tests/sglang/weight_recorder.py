@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -52,9 +53,11 @@ GROUP_TIMEOUT = timedelta(seconds=60)  # SGLang passes none (30 min default); a 
 
 
 class WeightRecorder(RecordingTokenizerManager):
-    def __init__(self, server_args: Any, runner: ModelRunner | None, **kw: Any):
+    def __init__(self, server_args: Any, runner: ModelRunner | None, exit_with_runner: bool = False, **kw: Any):
         super().__init__(server_args=server_args, **kw)
         self.runner = runner.call if runner is not None else None
+        if runner is not None and exit_with_runner:  # the whole server goes when its model runner dies
+            self.runner = lambda *cmd: _or_exit(runner.call, *cmd)
         self.params = {n: torch.zeros(s) for n, s in HELD.items()}
         self.session: dict | None = None
         self.skipped: list[str] = []  # names load_weights ignored
@@ -171,15 +174,23 @@ class WeightRecorder(RecordingTokenizerManager):
         return not self.live or self.pause_mode in ("retract", "abort")
 
 
+def _or_exit(call: Any, *cmd: Any) -> Any:
+    try:
+        return call(*cmd)
+    except (EOFError, OSError):
+        os._exit(1)
+
+
 class ModelRunner:
     """The model-runner process (spawned: SGLang's scheduler is a process of its own, so the sender's
     rank 0 and this rank do not share torch.distributed's group registry). Serial, as the scheduler is;
     group names are unique per sync, so one process serves every test."""
 
-    def __init__(self):
+    def __init__(self, group_timeout: timedelta | None = GROUP_TIMEOUT):
+        """`group_timeout` None: SGLang's own (it passes none: torch's default, 30 minutes)."""
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=model_runner, args=(child,), daemon=True)
+        self.proc = ctx.Process(target=model_runner, args=(child, group_timeout), daemon=True)
         self.proc.start()
         self.lock = threading.Lock()
         self.call("groups")  # imported and answering
@@ -197,11 +208,13 @@ class ModelRunner:
             self.proc.kill()
 
 
-def model_runner(conn: Any) -> None:
-    """ModelRunner's process: the update groups and their broadcasts."""
+def model_runner(conn: Any, group_timeout: timedelta | None) -> None:
+    """ModelRunner's process: the update groups and their broadcasts. ("die_after", n): the process
+    exits (os._exit) once it has received n tensors of a later broadcast: killed mid-broadcast."""
     from sglang.srt.utils.common import init_custom_process_group
 
     groups: dict[str, Any] = {}
+    die_after: int | None = None
     while True:
         cmd, *args = conn.recv()
         if cmd == "stop":
@@ -209,7 +222,7 @@ def model_runner(conn: Any) -> None:
         if cmd == "init":
             backend, init_method, world_size, rank, name = args
             try:
-                groups[name] = init_custom_process_group(backend=backend, init_method=init_method, timeout=GROUP_TIMEOUT,
+                groups[name] = init_custom_process_group(backend=backend, init_method=init_method, timeout=group_timeout,
                                                          world_size=world_size, rank=rank, group_name=name)
                 conn.send((True, "Succeeded to initialize custom process group."))
             except Exception as e:  # noqa: BLE001 - SGLang answers every failure as a message
@@ -222,6 +235,9 @@ def model_runner(conn: Any) -> None:
                 conn.send((False, "The group to be destroyed does not exist."))
         elif cmd == "groups":
             conn.send(sorted(groups))
+        elif cmd == "die_after":
+            die_after = args[0]
+            conn.send(True)
         elif cmd == "receive":
             names, dtypes, shapes, name = args
             if name not in groups:
@@ -229,7 +245,10 @@ def model_runner(conn: Any) -> None:
                 continue
             try:
                 weights = [(n, torch.empty(s, dtype=getattr(torch, d))) for n, d, s in zip(names, dtypes, shapes)]
-                for h in [torch.distributed.broadcast(w, src=0, group=groups[name], async_op=True) for _, w in weights]:
+                for i, h in enumerate([torch.distributed.broadcast(w, src=0, group=groups[name], async_op=True)
+                                       for _, w in weights]):
+                    if die_after is not None and i >= die_after:
+                        os._exit(1)
                     h.wait()
                 conn.send((True, weights))
             except Exception as e:  # noqa: BLE001
