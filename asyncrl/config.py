@@ -55,6 +55,23 @@ def _check(cond: bool, where: str, msg: str) -> None:
         raise ConfigError(f"{where}: {msg}")
 
 
+def sglang_dp_size(args: list[str]) -> int:
+    """The data-parallel replicas SGLang 0.5.23 would run for these launch_server arguments (--dp-size,
+    --data-parallel-size, --dp; 1 under --enable-dp-attention, which SGLang resolves to attn_dp_size)."""
+    if "--enable-dp-attention" in args:
+        return 1
+    size = 1
+    for i, a in enumerate(args):
+        flag, _, value = a.partition("=")
+        if flag in ("--dp-size", "--data-parallel-size", "--dp"):
+            value = value or (args[i + 1] if i + 1 < len(args) else "")
+            try:
+                size = int(value)
+            except ValueError:
+                raise ConfigError(f"engine.extra_args: {flag} needs an integer, got {value!r}") from None
+    return size
+
+
 def _at_least(section: Any, where: str, low: int, *names: str) -> None:
     """Each named field of `section` is >= `low` (workers, ranks, batch sizes, budgets, capacities)."""
     for n in names:
@@ -875,6 +892,10 @@ class Config:
         # SGLang reports the logprob after its min_new_tokens ban on stop tokens (renormalized), the
         # learner before it (asyncrl/engine/sampling.py): the importance ratios would be wrong
         min_new = self.agent.sampling.min_new_tokens
+        dp = sglang_dp_size(self.engine.extra_args) if self.engine.type == "sglang" else 1
+        _check(dp == 1, "engine.extra_args",
+               f"data-parallel size {dp}: SGLang's weight-update routes take one data-parallel replica only (they "
+               "assert dp_size == 1 and answer HTTP 500); run engine.num_engines engines instead of --dp-size")
         _check(not (self.engine.type == "sglang" and min_new > 0), "agent.sampling.min_new_tokens",
                f"{min_new} with engine.type=sglang: SGLang reports the logprob after its min_new_tokens ban "
                "on stop tokens, asyncrl's learner before it, so the importance ratios would be wrong; set "

@@ -1,6 +1,7 @@
 """gloo / nccl transport: rank 0 of a dedicated update group, broadcasting bucket by bucket.
 
-Group: GET /server_info gives each engine's tp_size; every TP rank of an engine joins (SGLang's
+Group: GET /server_info gives each engine's tp_size (dp_size > 1 is refused: SGLang's update routes
+assert it is 1) and the dtype it serves (floating tensors are cast to it before they are sent); every TP rank of an engine joins (SGLang's
 rank is rank_offset + tp_rank), so world_size = 1 + sum(tp_size) and engine k gets
 rank_offset = 1 + sum(tp_size of the engines before it). POST /init_weights_update_group to every
 engine while this process hosts the rendezvous (group.py builds it the way SGLang does).
@@ -18,9 +19,11 @@ sync builds a new one under a new name and port with the engines that answer.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import uuid
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -46,15 +49,47 @@ def master_address_for(urls: list[str]) -> str:
     return socket.gethostbyname(socket.gethostname())
 
 
-async def tp_size_of(http: EngineHTTP, url: str) -> tuple[int, WeightSyncError | None]:
-    """The engine's tensor-parallel size from GET /server_info (SGLang and the embedded engine)."""
+async def server_info_of(http: EngineHTTP, url: str) -> tuple[dict, WeightSyncError | None]:
+    """GET /server_info (SGLang and the embedded engine), with its tensor-parallel size checked. An
+    engine with data-parallel replicas raises: SGLang 0.5.23 asserts dp_size == 1 in every
+    weight-update route (managers/tokenizer_control_mixin.py) and answers HTTP 500, which would read as
+    a dead engine, left out of every sync without a word."""
     data, err = await http.get(url, "/server_info")
     if err is not None:
-        return 0, err
-    tp = data.get("tp_size") if isinstance(data, dict) else None
+        return {}, err
+    info = data if isinstance(data, dict) else {}
+    tp = info.get("tp_size")
     if not isinstance(tp, int) or tp < 1:
-        return 0, WeightSyncError("config", f"/server_info: tp_size must be an integer >= 1, got {tp!r}", url)
-    return tp, None
+        return {}, WeightSyncError("config", f"/server_info: tp_size must be an integer >= 1, got {tp!r}", url)
+    dp = info.get("dp_size", 1)
+    if dp != 1:
+        raise WeightSyncError(
+            "config", f"/server_info: dp_size={dp!r}: SGLang's weight-update routes take one data-parallel "
+            "replica only (they assert dp_size == 1 and answer HTTP 500); run one engine per replica "
+            "(engine.num_engines, or one engine.urls entry each) instead of --dp-size", url)
+    return info, None
+
+
+def sglang_served_dtype(info: dict) -> torch.dtype | None:
+    """The dtype SGLang serves, from its /server_info: the resolved --dtype, and for `auto` SGLang's own
+    rule (configs/model_config.py _get_and_verify_dtype) over the checkpoint's config.json when this
+    process can read it (model_path): float32 or none given -> float16 (bfloat16 for Gemma), else the
+    config's. None when it cannot be known."""
+    name = info.get("dtype")
+    named = {"half": torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16,
+             "float": torch.float32, "float32": torch.float32}
+    if name in named:
+        return named[name]
+    if name != "auto" or not isinstance(info.get("model_path"), str):
+        return None
+    try:
+        cfg = json.loads((Path(info["model_path"]) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    given = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+    if given == "float32":
+        return torch.bfloat16 if str(cfg.get("model_type", "")).startswith("gemma") else torch.float16
+    return named.get(given)
 
 
 async def extensions_of(http: EngineHTTP, url: str) -> dict:
@@ -63,16 +98,19 @@ async def extensions_of(http: EngineHTTP, url: str) -> dict:
     return data if err is None and isinstance(data, dict) and data.get("asyncrl") else {}
 
 
-def _served_dtype(exts: list[dict]) -> torch.dtype | None:
-    """The one dtype every engine says it serves (GET /weight_sync_info "dtype"), else None (also when an
-    engine names none, or answers something that is not a dtype's name)."""
-    served = {x.get("dtype") if isinstance(x.get("dtype"), str) else None for x in exts}
-    if len(served) != 1 or None in served:
-        return None
-    try:
-        return parse_dtype(served.pop())
-    except ValueError:
-        return None
+def _served_dtype(exts: list[dict], infos: list[dict]) -> torch.dtype | None:
+    """The one dtype every engine serves, else None (also when one cannot tell): the embedded engine says
+    it (GET /weight_sync_info "dtype"), SGLang's follows from its /server_info (sglang_served_dtype)."""
+    served = set()
+    for x, info in zip(exts, infos):
+        if x:
+            try:
+                served.add(parse_dtype(x["dtype"]) if isinstance(x.get("dtype"), str) else None)
+            except ValueError:
+                served.add(None)
+        else:
+            served.add(sglang_served_dtype(info))
+    return served.pop() if len(served) == 1 and None not in served else None
 
 
 class GroupTransport(Transport):
@@ -120,16 +158,20 @@ class GroupTransport(Transport):
     async def _build_group(self, http: EngineHTTP, engines: list[str]) -> dict[str, WeightSyncError]:
         """A fresh group of rank 0 + every TP rank of `engines`. Returns {url: why} for engines left out."""
         await self.retire(http)
-        sizes = await asyncio.gather(*(tp_size_of(http, u) for u in engines))
-        failed = {u: e for u, (_, e) in zip(engines, sizes) if e is not None}
+        answers = await asyncio.gather(*(server_info_of(http, u) for u in engines))
+        failed = {u: e for u, (_, e) in zip(engines, answers) if e is not None}
         live = [u for u in engines if u not in failed]
-        tp = [n for u, (n, _) in zip(engines, sizes) if u in live]
+        infos = [info for u, (info, _) in zip(engines, answers) if u in live]
+        tp = [info["tp_size"] for info in infos]
         if not live:
             return failed
         exts = await asyncio.gather(*(extensions_of(http, u) for u in live))
         ours = all(exts)
         self.coalesce = self.coalesce_wanted and all(x.get("coalesce") for x in exts)
-        self.cast_to = _served_dtype(exts) if ours else None
+        self.cast_to = _served_dtype(exts, infos)
+        if self.cast_to is None and not ours:
+            log.warning("weight sync: the engines' served dtype is unknown (%s): tensors go in the learner's "
+                        "dtype", [i.get("dtype") for i in infos])
         world = 1 + sum(tp)
         addr = self.master_address or master_address_for(live)
         port = free_port(addr if addr != "0.0.0.0" else "")
@@ -166,6 +208,11 @@ class GroupTransport(Transport):
         return any(x and self.group_name not in x.get("groups", []) for x in exts)
 
     # ------------------------------------------------------------------ buckets
+
+    def wire_nbytes(self, bucket: Bucket) -> int:
+        cast = self.cast_to
+        return sum(t.numel() * (cast.itemsize if cast is not None and t.is_floating_point() else t.element_size())
+                   for _, t in bucket)
 
     async def send_bucket(self, http: EngineHTTP, bucket: Bucket, engines: list[str], version: str | None,
                           report: SyncReport) -> dict[str, WeightSyncError]:

@@ -20,7 +20,7 @@ import torch
 import torch.multiprocessing
 
 from asyncrl.config import WeightSyncConfig
-from asyncrl.weight_sync.broadcast import tp_size_of
+from asyncrl.weight_sync.broadcast import server_info_of
 from asyncrl.weight_sync.engine_http import EngineHTTP
 from asyncrl.weight_sync.errors import WeightMismatchError, WeightSyncError
 from asyncrl.weight_sync.sender import Bucket, SyncReport, Transport
@@ -45,9 +45,9 @@ class TensorTransport(Transport):
     async def prepare(self, http: EngineHTTP, engines: list[str]) -> dict[str, WeightSyncError]:
         if not torch.cuda.is_available():
             raise WeightSyncError("config", "transport 'tensor' (CUDA-IPC) needs a GPU; use gloo or disk on CPU")
-        sizes = await asyncio.gather(*(tp_size_of(http, u) for u in engines))
-        self.tp_size.update({u: n for u, (n, e) in zip(engines, sizes) if e is None})
-        return {u: e for u, (_, e) in zip(engines, sizes) if e is not None}
+        infos = await asyncio.gather(*(server_info_of(http, u) for u in engines))
+        self.tp_size.update({u: info["tp_size"] for u, (info, e) in zip(engines, infos) if e is None})
+        return {u: e for u, (_, e) in zip(engines, infos) if e is not None}
 
     async def send_bucket(self, http: EngineHTTP, bucket: Bucket, engines: list[str], version: str | None,
                           report: SyncReport) -> dict[str, WeightSyncError]:

@@ -147,6 +147,20 @@ def test_any_schema_key_overrides_without_plus_even_if_no_yaml_sets_it():
     assert cfg.trainer.progress is False and cfg.trainer.weight_sync.bucket_mb == 8 and cfg.buffer.order == "newest"
 
 
+@pytest.mark.parametrize("args,dp", [(["--dp-size", "2"], 2), (["--data-parallel-size=4"], 4), (["--dp", "2"], 2),
+                                     (["--dp-size", "2", "--enable-dp-attention"], 1), (["--tp-size", "2"], 1)])
+def test_sglang_data_parallel_replicas_are_refused_naming_extra_args(args, dp):
+    """SGLang's weight-update routes assert dp_size == 1 (HTTP 500 at every sync); refused at load."""
+    overrides = ["engine.type=sglang", "engine.extra_args=[" + ",".join(f"'{a}'" for a in args) + "]"]
+    if dp == 1:
+        assert load_config(overrides).engine.extra_args == args
+        return
+    with pytest.raises(ConfigError, match=f"engine.extra_args: data-parallel size {dp}: SGLang"):
+        load_config(overrides)
+    with pytest.raises(ConfigError, match="--dp-size needs an integer, got 'two'"):
+        load_config(["engine.type=sglang", "engine.extra_args=['--dp-size','two']"])
+
+
 def test_min_new_tokens_with_sglang_is_refused_by_name():
     assert load_config(["engine.type=embedded", "agent.sampling.min_new_tokens=4"]).agent.sampling.min_new_tokens == 4
     assert load_config(["engine.type=sglang", "agent.sampling.min_new_tokens=0"]).engine.type == "sglang"

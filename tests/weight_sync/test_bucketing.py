@@ -99,11 +99,18 @@ def test_the_served_dtype_is_used_only_when_every_engine_names_the_same_known_on
     from asyncrl.weight_sync.broadcast import _served_dtype
     from asyncrl.weight_sync.bucketing import is_float_dtype
 
-    assert _served_dtype([{"dtype": "bfloat16"}, {"dtype": "bfloat16"}]) == torch.bfloat16
-    for hostile in ([{"dtype": "bfloat16"}, {"dtype": "float32"}],  # engines disagree
-                    [{"dtype": "bfloat16"}, {}],                      # one does not say
-                    [{"dtype": "float8_e9"}],                         # unknown name
-                    [{"dtype": ["bfloat16"]}], [{"dtype": None}], []):
-        assert _served_dtype(hostile) is None, hostile
+    def ours(**kw):
+        return {"asyncrl": True, **kw}
+
+    assert _served_dtype([ours(dtype="bfloat16"), ours(dtype="bfloat16")], [{}, {}]) == torch.bfloat16
+    # an embedded engine says it in /weight_sync_info, SGLang's /server_info dtype tells it ({}: not ours)
+    assert _served_dtype([ours(dtype="bfloat16"), {}], [{}, {"dtype": "bfloat16"}]) == torch.bfloat16
+    for exts, infos in (([ours(dtype="bfloat16"), ours(dtype="float32")], [{}, {}]),  # engines disagree
+                        ([ours(dtype="bfloat16"), ours()], [{}, {}]),                 # one does not say
+                        ([ours(dtype="float8_e9")], [{}]),                            # unknown name
+                        ([ours(dtype=["bfloat16"])], [{}]), ([ours(dtype=None)], [{}]), ([], []),
+                        ([{}], [{"dtype": "auto"}]),                                  # SGLang's auto, no config
+                        ([ours(dtype="bfloat16"), {}], [{}, {"dtype": "float16"}])):
+        assert _served_dtype(exts, infos) is None, (exts, infos)
     assert is_float_dtype("bfloat16") and is_float_dtype("torch.float16")
     assert not is_float_dtype("int64") and not is_float_dtype("bool") and not is_float_dtype("float8_e9")
