@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from asyncrl.util.auth import ENV, auth_headers
-from asyncrl.weight_sync.errors import WeightSyncError
+from asyncrl.weight_sync.errors import FLUSH_REFUSED, WeightSyncError
 
 PROBE_TIMEOUT_S = 5.0  # a probe of an engine (GET /model_info and the like): the default everywhere
 
@@ -39,6 +39,8 @@ def classify(url: str, path: str, status: int, data: Any) -> WeightSyncError | N
                     f"{held}: an engine attached with engine.urls must be started with the same token)")
     if status >= 500:
         return WeightSyncError("unreachable", message, url, status)
+    if sglang_shaped and str(data.get("message", "")).startswith(FLUSH_REFUSED):  # loaded, not flushed
+        return WeightSyncError("flush_refused", message, url, status)
     if sglang_shaped:  # 400 (or a 200 from an older server) with success=false: the engine said no
         return WeightSyncError("refused", message, url, status)
     return WeightSyncError("config", message, url, status)

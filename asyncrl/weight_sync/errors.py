@@ -1,7 +1,13 @@
-"""The weight-sync errors, as codes (never recognised by message wording).
+"""The weight-sync errors, as codes (recognised by HTTP status and reply structure; one by wording, below).
 
     refused      the engine answered and said no: HTTP 4xx with SGLang's {"success": false, "message"}
                  (a refused bucket is a WeightMismatchError: names, shapes or dtypes disagree)
+    flush_refused  the engine loaded the tensors and then refused to flush its cache (SGLang, requests
+                 still running or queued: scheduler_components/weight_updater.py
+                 flush_cache_after_weight_update). Its reply differs from a refused load only in its
+                 message, whose start (FLUSH_REFUSED) is the one wording read. The engine holds the new
+                 weights without the new version (SGLang's /model_info does not move): it is left out
+                 of this sync and reported; the next sync sends every tensor again
     unreachable  no HTTP answer (connection refused or reset), or a 5xx: the engine is dead or broken
     timeout      no answer within the time allowed
     config       our own request or setup is wrong: a 4xx without SGLang's reply structure (a
@@ -10,7 +16,8 @@
 
 from __future__ import annotations
 
-CODES = ("refused", "unreachable", "timeout", "config")
+CODES = ("refused", "flush_refused", "unreachable", "timeout", "config")
+FLUSH_REFUSED = "Weights were updated, but the cache was not flushed"  # SGLang 0.5.23's message starts so
 
 
 class WeightSyncError(RuntimeError):
@@ -24,8 +31,13 @@ class WeightSyncError(RuntimeError):
 
     @property
     def engine_is_down(self) -> bool:
-        """Dead or hung engines are left out of the sync and reported; every other code raises."""
+        """Dead or hung."""
         return self.code in ("unreachable", "timeout")
+
+    @property
+    def left_out(self) -> bool:
+        """Dead, hung, or its cache flush refused: left out of the sync and reported; every other code raises."""
+        return self.engine_is_down or self.code == "flush_refused"
 
 
 class WeightMismatchError(WeightSyncError):

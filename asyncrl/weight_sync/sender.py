@@ -21,8 +21,9 @@ One sync of `version`, whatever moves the bytes:
                it must be what was sent (verify.py), else WeightMismatchError
 
 An engine that is dead, hangs or times out is left out and reported in the SyncReport (and the next
-sync builds its group without it); a refusal (the engine answered and said no) raises: a refused
-bucket is a WeightMismatchError. Errors carry codes (errors.py), found by HTTP status and reply
+sync builds its group without it), as is one that loaded the tensors and refused to flush its cache
+(errors.py flush_refused: it holds the weights, not the version); a refusal (the engine answered and
+said no) raises: a refused bucket is a WeightMismatchError. Errors carry codes (errors.py), found by HTTP status and reply
 structure, never by message wording.
 """
 
@@ -101,6 +102,10 @@ class Transport(abc.ABC):
                           report: SyncReport) -> dict[str, WeightSyncError]:
         """Move one bucket to `engines`; `version` is set on the last bucket only. Returns {url: why}
         for engines that failed; a refused bucket is a WeightMismatchError in that dict."""
+
+    def wire_nbytes(self, bucket: Bucket) -> int:
+        """The bytes this transport moves for `bucket` (a transport that casts counts the cast)."""
+        return sum(nbytes(t) for _, t in bucket)
 
     async def finish(self, http: EngineHTTP, engines: list[str], version: str) -> dict[str, WeightSyncError]:
         """After the last bucket: make `version` the engines' weights (disk: load them)."""
@@ -266,7 +271,7 @@ class WeightSender:
             after = await asyncio.to_thread(next, it, None)  # look ahead: the last bucket carries the version
             errs = await self.transport.send_bucket(self.http, bucket, engines, version if after is None else None, report)
             report.buckets += 1
-            report.bytes += sum(nbytes(t) for _, t in bucket)
+            report.bytes += self.transport.wire_nbytes(bucket)
             engines = self._after_step(errs, engines, report)
             bucket = after
         engines = self._after_step(await self.transport.finish(self.http, engines, version), engines, report)
@@ -280,15 +285,16 @@ class WeightSender:
         for e in errs.values():
             if isinstance(e, WeightMismatchError):
                 raise e
-        if errs and self.transport.shared_fate:
-            raise SyncAbandoned(errs)
+        if self.transport.shared_fate and any(e.code != "flush_refused" for e in errs.values()):
+            raise SyncAbandoned(errs)  # (a refused flush came after a complete transfer: the group is fine)
         return self._record(errs, engines, report)
 
     @staticmethod
     def _keep_down(errs: dict[str, WeightSyncError]) -> dict[str, WeightSyncError]:
-        """The failures of dead or hung engines; raises the first refusal or configuration error."""
+        """The failures of dead or hung engines (and refused flushes); raises the first refusal or
+        configuration error."""
         for e in errs.values():
-            if not e.engine_is_down:
+            if not e.left_out:
                 raise e
         return errs
 

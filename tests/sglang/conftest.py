@@ -266,7 +266,9 @@ def sglang_config(tmp_path_factory):
                       num_key_value_heads=2, vocab_size=1000)
     cfg.architectures = ["LlamaForCausalLM"]
     cfg.save_pretrained(d)
-    args = ServerArgs(model_path=str(d), weight_version="0", skip_tokenizer_init=True, device="cpu")
+    # dtype float32: what the recorder holds (its params); under "auto" SGLang would serve this fp32
+    # config in float16, and the sender would cast to it (broadcast.py sglang_served_dtype)
+    args = ServerArgs(model_path=str(d), weight_version="0", skip_tokenizer_init=True, device="cpu", dtype="float32")
     runtime_context.publish(args, role=next(iter(runtime_context.ROLE_NAMESPACE_SETS)))
     return args
 

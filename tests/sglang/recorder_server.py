@@ -34,7 +34,7 @@ def main() -> None:
                       num_key_value_heads=2, vocab_size=1000)
     cfg.architectures = ["LlamaForCausalLM"]
     cfg.save_pretrained(d)
-    server_args = ServerArgs(model_path=d, weight_version="0", skip_tokenizer_init=True, device="cpu")
+    server_args = ServerArgs(model_path=d, weight_version="0", skip_tokenizer_init=True, device="cpu", dtype="float32")
     runtime_context.publish(server_args, role=next(iter(runtime_context.ROLE_NAMESPACE_SETS)))
     runner = ModelRunner(group_timeout=None)
     if args.die_after is not None:

@@ -26,7 +26,7 @@ from asyncrl.engine.base import SamplingParams
 from asyncrl.engine.client import EngineClient
 from asyncrl.engine.launcher import launch_embedded
 from asyncrl.util.auth import auth_headers
-from asyncrl.weight_sync import WeightMismatchError, WeightSender
+from asyncrl.weight_sync import WeightMismatchError, WeightSender, WeightSyncError
 from asyncrl.weight_sync.broadcast import GroupTransport
 from asyncrl.weight_sync.disk import DiskTransport
 from asyncrl.weight_sync.tensor import TensorTransport
@@ -372,3 +372,75 @@ async def test_an_engine_killed_mid_broadcast_frees_the_survivor_and_the_group_r
         b.kill()
         b.wait()
         runner.close()
+
+
+@pytest.mark.sglang
+@skip_without_sglang
+async def test_data_parallel_replicas_are_refused_naming_dp_size(sglang_config, model_runner):
+    """SGLang asserts dp_size == 1 in its update routes (HTTP 500, which reads as a dead engine, left out
+    of every sync); the sender reads dp_size from /server_info first and stops, naming it."""
+    import copy
+
+    args = copy.copy(sglang_config)
+    args.dp_size = 2
+    with SGLangApp(WeightRecorder(args, model_runner)) as app:
+        assert httpx.get(app.url + "/server_info", timeout=10).json()["dp_size"] == 2
+        body = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2,
+                "group_name": "g", "backend": "gloo"}
+        r = httpx.post(app.url + "/init_weights_update_group", json=body, timeout=10, headers=auth_headers())
+        assert r.status_code == 500  # SGLang's own answer, what the sender used to read as "unreachable"
+        sender = gloo()
+        try:
+            with pytest.raises(WeightSyncError) as err:
+                await sender.connect([app.url])
+        finally:
+            await sender.close()
+    assert err.value.code == "config" and "dp_size=2" in err.value.message and err.value.url == app.url
+
+
+@pytest.mark.sglang
+@skip_without_sglang
+async def test_floating_tensors_go_in_the_dtype_sglang_serves(sglang_config, model_runner):
+    """SGLang has no /weight_sync_info; its /server_info dtype (bfloat16 here) is what it serves, so an
+    fp32 learner sends bf16: half the bytes, the values SGLang's loader would have made of fp32 ones."""
+    import copy
+
+    args = copy.copy(sglang_config)
+    args.dtype = "bfloat16"
+    tm = WeightRecorder(args, model_runner)
+    sent = tensors(14)
+    with SGLangApp(tm) as app:
+        assert httpx.get(app.url + "/server_info", timeout=10).json()["dtype"] == "bfloat16"
+        report = await synced(Engine("sglang", app.url, Path("."), tm), gloo(), sent, 4)
+    assert report.ok and tm.received_dtypes == ["bfloat16"] * len(sent)
+    assert report.bytes == sum(t.numel() * 2 for t in sent.values())
+    assert all(torch.equal(tm.params[n], t.to(torch.bfloat16).float()) for n, t in sent.items())
+
+
+@pytest.mark.sglang
+@skip_without_sglang
+async def test_a_refused_cache_flush_is_reported_as_such_not_as_a_mismatch(sglang_config, model_runner):
+    """SGLang refuses the flush that ends an update while requests still run (here: paused in_place, as an
+    operator or a racing pause would leave it) after the tensors loaded: HTTP 400, success=false, the
+    version not moved. That engine is left out of the sync as flush_refused, not a WeightMismatchError
+    (its names and shapes were right) that would stop the run."""
+    tm = WeightRecorder(sglang_config, model_runner)
+    sent = tensors(15)
+    with SGLangApp(tm) as app:
+        sender = gloo()
+        sender.pause_mode = "in_place"  # the requests keep running through the update
+        await sender.connect([app.url])
+        try:
+            async with EngineClient(app.url, max_abort_rounds=0) as client:
+                task = asyncio.ensure_future(client.generate([1], SamplingParams(max_new_tokens=100000)))
+                while tm.tokens_out < 5:
+                    await asyncio.sleep(0.01)
+                report = await sender.sync(iter(buckets(sent)), version=1)
+                httpx.post(app.url + "/abort_request", json={"abort_all": True}, timeout=10, headers=auth_headers())
+                await task
+        finally:
+            await sender.close()
+    err = report.engines_failed[app.url]
+    assert not report.ok and err.code == "flush_refused" and "cache was not flushed" in err.message
+    assert {n: torch.equal(tm.params[n], t) for n, t in sent.items()} == dict.fromkeys(sent, True), tm.skipped
+    assert tm.weight_version == "0"

@@ -61,6 +61,7 @@ class WeightRecorder(RecordingTokenizerManager):
         self.params = {n: torch.zeros(s) for n, s in HELD.items()}
         self.session: dict | None = None
         self.skipped: list[str] = []  # names load_weights ignored
+        self.received_dtypes: list[str] = []  # the dtypes of every tensor a distributed update announced
         self.skip_silently: set[str] = set()  # names load_weights skips without a word (a tied lm_head ...)
         self.pause_mode: str | None = None
 
@@ -74,6 +75,8 @@ class WeightRecorder(RecordingTokenizerManager):
 
     # ---- group (in the model-runner process) --------------------------------------------------
     async def init_weights_update_group(self, obj: Any, request: Any = None) -> tuple[bool, str]:
+        # managers/tokenizer_control_mixin.py:451, uncaught: Starlette's plain-text HTTP 500
+        assert self.server_args.dp_size == 1, "data-parallel replicas are not supported for update weights from distributed"
         return await asyncio.to_thread(self.runner, "init", obj.backend, f"tcp://{obj.master_address}:{obj.master_port}",
                                        obj.world_size, obj.rank_offset + 0, obj.group_name)  # tp_rank 0
 
@@ -95,6 +98,8 @@ class WeightRecorder(RecordingTokenizerManager):
 
     # ---- updates -------------------------------------------------------------------------
     async def update_weights_from_distributed(self, obj: Any, request: Any = None) -> tuple[bool, str]:
+        assert self.server_args.dp_size == 1, "data-parallel replicas are not supported for update weights from distributed"
+        self.received_dtypes.extend(obj.dtypes)
         if obj.abort_all_requests:
             self.abort_request(abort_all=True)
         if self.session is None:

@@ -8,6 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import torch
 
 from asyncrl.config import WeightSyncConfig
 from asyncrl.weight_sync import WeightMismatchError, WeightSender, WeightSyncError, make_sender
@@ -35,12 +36,41 @@ def test_answers_are_classified_by_status_and_structure(status, data, code):
         assert err.url == "http://e:1" and err.status == status and "/p: HTTP" in err.message
 
 
+def test_a_refused_flush_is_told_from_a_refused_load_by_sglangs_message():
+    flush = {"success": False, "message": "Weights were updated, but the cache was not flushed because requests "
+             "are still running or queued. Retract or finish them, then call /flush_cache."}
+    err = classify("http://e:1", "/update_weights_from_distributed", 400, flush)
+    assert err.code == "flush_refused" and err.left_out and not err.engine_is_down
+    load = {"success": False, "message": "Failed to update parameter online: ... Weights were updated, but"}
+    assert classify("http://e:1", "/p", 400, load).code == "refused"
+    assert not classify("http://e:1", "/p", 400, load).left_out
+
+
+@pytest.mark.parametrize("info,config,want", [
+    ({"dtype": "bfloat16"}, None, torch.bfloat16), ({"dtype": "half"}, None, torch.float16),
+    ({"dtype": "float"}, None, torch.float32), ({"dtype": "fp8"}, None, None), ({}, None, None),
+    ({"dtype": "auto"}, {"torch_dtype": "bfloat16"}, torch.bfloat16),
+    ({"dtype": "auto"}, {"dtype": "float32"}, torch.float16),  # SGLang serves an fp32 checkpoint in fp16
+    ({"dtype": "auto"}, {"model_type": "gemma2"}, torch.bfloat16),  # ... a Gemma one in bf16
+    ({"dtype": "auto"}, "not json", None), ({"dtype": "auto"}, "missing", None),
+])
+def test_the_dtype_sglang_serves_follows_its_own_rule(info, config, want, tmp_path):
+    from asyncrl.weight_sync.broadcast import sglang_served_dtype
+
+    if config is not None:
+        info = {**info, "model_path": str(tmp_path)}
+        if config != "missing":
+            (tmp_path / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    assert sglang_served_dtype(info) == want
+
+
 def test_error_codes_are_closed_and_mismatch_is_a_refusal():
     with pytest.raises(ValueError, match="'gone' is not one of"):
         WeightSyncError("gone", "x")
     e = WeightMismatchError("Failed to update parameter online: weight 'a'", "http://e:1", 400)
     assert isinstance(e, WeightSyncError) and e.code == "refused" and not e.engine_is_down
     assert WeightSyncError("timeout", "x").engine_is_down and WeightSyncError("unreachable", "x").engine_is_down
+    assert all(WeightSyncError(c, "x").left_out for c in ("timeout", "unreachable", "flush_refused"))
 
 
 def _send_json(handler: BaseHTTPRequestHandler, status: int, body: object) -> None:
