@@ -10,7 +10,12 @@
 # 3. `asyncrl eval` of the warm start and of the trained final/ on the held-out split (-k 4, seed 0), the
 #    second paired with the first (`--against`: the episodes RL moved up and down, and their sign test),
 #    and of the base model if EVAL_BASE=1 (the default; it scored 0.4% on the CPU);
-# 4. `asyncrl report` of the run (reward curve, summary.md).
+# 4. `asyncrl report` of the run (reward curve, summary.md);
+# 5. SGLang, where `sglang` imports in this Python (SGLANG=1, the default): a short `asyncrl train` on it
+#    (engine.type=sglang: the weight names checked through /get_weights_by_name before the first sync and
+#    one tensor read back after each, liveness through /health, buckets in the dtype it serves), then the
+#    contract tests against its real HTTP app (pytest -m sglang tests/sglang); where it does not import,
+#    the stage says so plainly (OUT/sglang.log) and runs nothing.
 # Every stage runs under its own time limit and its output goes under OUT_DIR as it finishes, so a stage
 # that fails or runs out of time leaves the ones before it; the exit status is the first failed stage's.
 # Extra key=value arguments go to `asyncrl train` (e.g. trainer.weight_sync.transport=disk).
@@ -23,6 +28,7 @@ shift
 MINUTES=${MINUTES:-4}
 BENCH=${BENCH:-1}
 EVAL_BASE=${EVAL_BASE:-1}
+SGLANG=${SGLANG:-1}
 DRY_RUN=${DRY_RUN:-0}
 EVAL_ARGS=${EVAL_ARGS:-}  # e.g. "--limit 4"
 PY=${PYTHON:-python3}
@@ -49,6 +55,17 @@ bench() {  # bench NAME SECONDS ARGS...: a bench stage (printed, not run, under 
 }
 dry=()
 [ "$DRY_RUN" = 1 ] && dry=(--dry-run)
+sglang_stages() {  # 5: a short run on SGLang and its contract tests, or why they cannot run here
+    [ "$SGLANG" = 1 ] || return 0
+    local why
+    if ! why=$("$PY" -c "import sglang" 2>&1); then
+        echo "== sglang: not run: sglang does not import in $PY ($(echo "$why" | tail -n 1))" | tee "$OUT/sglang.log"
+        return 0
+    fi
+    stage sglang_train 600 "$PY" -m asyncrl.cli train "${dry[@]}" engine.type=sglang trainer.output_dir="$OUT/run_sglang" \
+        trainer.wandb=off trainer.progress=false trainer.total_steps=3 warm_start.mode=off "$@"
+    [ "$DRY_RUN" = 1 ] || stage sglang_contract 300 "$PY" -m pytest -q -p no:randomly -m sglang tests/sglang
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
 [ "$DRY_RUN" = 1 ] || "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
 echo "kernel $(uname -r), $(nproc) CPUs"
@@ -78,6 +95,7 @@ stage train "$train_limit" "$PY" -m asyncrl.cli train "${dry[@]}" trainer.output
 if [ "$DRY_RUN" = 1 ]; then  # no run dir: the evals check themselves against the base model
     stage eval_base 120 "$PY" -m asyncrl.cli eval --dry-run -k 4 $EVAL_ARGS --out "$OUT/eval_base" \
         engine.max_running_seqs=128
+    sglang_stages "$@"
     exit $status
 fi
 if [ -f "$RUN/warm_start/final/config.json" ]; then
@@ -94,4 +112,5 @@ fi
 if [ "$EVAL_BASE" = 1 ]; then
     stage eval_base 150 "$PY" -m asyncrl.cli eval -k 4 $EVAL_ARGS --out "$OUT/eval_base" engine.max_running_seqs=128
 fi
+sglang_stages "$@"
 exit $status

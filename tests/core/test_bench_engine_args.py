@@ -40,4 +40,19 @@ def test_bench_lists_exactly_the_modules_that_are_benchmarks():
         assert callable(getattr(module, "run", None)) and callable(getattr(module, "add_arguments", None)), name
     for helper in bench.HELPERS:
         assert not hasattr(importlib.import_module(f"asyncrl.bench.{helper}"), "run"), helper
-    assert {"buffer", "engine", "learner", "weights", "e2e", "agents", "data", "retriever", "startup"} <= set(names)
+    assert {"buffer", "engine", "learner", "weights", "e2e", "agents", "data", "retriever", "startup", "retract"} <= set(names)
+
+
+def test_bench_retract_measures_both_sides_on_a_real_engine(tiny_model_dir):
+    """`asyncrl bench retract` (what an in_place sync costs SGLang): both sides run on a real embedded
+    engine; a count below 1 is refused by name before any engine starts."""
+    from asyncrl.bench import retract
+
+    parser = argparse.ArgumentParser()
+    retract.add_arguments(parser)
+    with pytest.raises(SystemExit, match="--requests must be >= 1, got 0"):
+        retract.run(parser.parse_args(["--requests", "0", "--model-path", "/nonexistent"]))
+    out = retract.run(parser.parse_args(["--requests", "2", "--context", "12", "--decode", "2", "--rounds", "1",
+                                         "--model-path", str(tiny_model_dir)]))
+    assert out["reprefill_s_all"] and out["decode_s_all"] and out["reprefill_in_decode_steps"] > 0
+    assert out["reprefill_tok_s"] > 0 and out["decode_step_s"] > 0

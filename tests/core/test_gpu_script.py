@@ -31,3 +31,6 @@ def test_the_gpu_script_stages_are_wired(tiny_model_dir, tmp_path):
     assert "agent: tool_agent" in train_log and "tools: calculator" in train_log  # the default task
     assert '"dry_run": true' in (out / "eval_base.log").read_text()
     assert not (out / "run").exists()  # nothing was started
+    # the SGLang stage: this .venv has no sglang, and the script says so instead of failing or staying silent
+    assert "== sglang: not run: sglang does not import in" in r.stdout and "ModuleNotFoundError" in r.stdout
+    assert (out / "sglang.log").read_text().startswith("== sglang: not run")
