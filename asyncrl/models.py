@@ -240,6 +240,26 @@ def engine_dtype(configured: str, device: str) -> str:
     return precision("engine", configured, device, native_bf16=cpus.native_bf16()).weights
 
 
+def sglang_served_dtype(dtype_arg: Any, model_path: Any) -> str | None:
+    """The dtype (a name) SGLang 0.5.23 serves, from its /server_info: the resolved --dtype `dtype_arg`, and
+    for `auto` SGLang's own rule (configs/model_config.py _get_and_verify_dtype) over the checkpoint's
+    config.json at `model_path`, when this process can read it: float32 or none given -> float16 (bfloat16
+    for Gemma), else the config's. None when it cannot be known."""
+    named = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32", "float32": "float32"}
+    if dtype_arg in named:
+        return named[dtype_arg]
+    if dtype_arg != "auto" or not isinstance(model_path, str):
+        return None
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    given = (cfg.get("dtype") or cfg.get("torch_dtype") or "float32") if isinstance(cfg, dict) else None
+    if given == "float32":
+        return "bfloat16" if str(cfg.get("model_type", "")).startswith("gemma") else "float16"
+    return named.get(given) if isinstance(given, str) else None
+
+
 def torch_dtype(name: str) -> Any:
     """"float32" / "bfloat16" / "float16" -> the torch dtype; "auto" is no dtype (`precision` resolves it)."""
     # lazy: imports torch, which this module does not load otherwise

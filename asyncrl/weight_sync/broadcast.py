@@ -19,11 +19,9 @@ sync builds a new one under a new name and port with the engines that answer.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import socket
 import uuid
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -31,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.config import WeightSyncConfig
+from asyncrl.models import sglang_served_dtype
 from asyncrl.util.net import free_port, is_loopback
 from asyncrl.weight_sync.bucketing import dtype_name, flat_groups, metas_of, pack, parse_dtype
 from asyncrl.weight_sync.engine_http import EngineHTTP
@@ -70,28 +69,6 @@ async def server_info_of(http: EngineHTTP, url: str) -> tuple[dict, WeightSyncEr
     return info, None
 
 
-def sglang_served_dtype(info: dict) -> torch.dtype | None:
-    """The dtype SGLang serves, from its /server_info: the resolved --dtype, and for `auto` SGLang's own
-    rule (configs/model_config.py _get_and_verify_dtype) over the checkpoint's config.json when this
-    process can read it (model_path): float32 or none given -> float16 (bfloat16 for Gemma), else the
-    config's. None when it cannot be known."""
-    name = info.get("dtype")
-    named = {"half": torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16,
-             "float": torch.float32, "float32": torch.float32}
-    if name in named:
-        return named[name]
-    if name != "auto" or not isinstance(info.get("model_path"), str):
-        return None
-    try:
-        cfg = json.loads((Path(info["model_path"]) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    given = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
-    if given == "float32":
-        return torch.bfloat16 if str(cfg.get("model_type", "")).startswith("gemma") else torch.float16
-    return named.get(given)
-
-
 async def extensions_of(http: EngineHTTP, url: str) -> dict:
     """The embedded engine's extensions (GET /weight_sync_info); {} for a real SGLang."""
     data, err = await http.get(url, "/weight_sync_info")
@@ -100,7 +77,7 @@ async def extensions_of(http: EngineHTTP, url: str) -> dict:
 
 def _served_dtype(exts: list[dict], infos: list[dict]) -> torch.dtype | None:
     """The one dtype every engine serves, else None (also when one cannot tell): the embedded engine says
-    it (GET /weight_sync_info "dtype"), SGLang's follows from its /server_info (sglang_served_dtype)."""
+    it (GET /weight_sync_info "dtype"), SGLang's follows from its /server_info (asyncrl.models.sglang_served_dtype)."""
     served = set()
     for x, info in zip(exts, infos):
         if x:
@@ -109,7 +86,8 @@ def _served_dtype(exts: list[dict], infos: list[dict]) -> torch.dtype | None:
             except ValueError:
                 served.add(None)
         else:
-            served.add(sglang_served_dtype(info))
+            name = sglang_served_dtype(info.get("dtype"), info.get("model_path"))
+            served.add(parse_dtype(name) if name else None)
     return served.pop() if len(served) == 1 and None not in served else None
 
 

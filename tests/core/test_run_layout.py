@@ -21,7 +21,8 @@ OWNER = "asyncrl/run_dir.py"
 # them a path into a run directory. Counted, so that a path spelled by hand in a listed module still fails, and
 # a stale entry (the module no longer spells it so often) fails too.
 EXCEPTIONS: dict[tuple[str, str], tuple[int, str]] = {
-    ("asyncrl/models.py", "config.json"): (4, "a Hugging Face model dir's config: checked, and read for its model type"),
+    ("asyncrl/models.py", "config.json"): (5, "a Hugging Face model dir's config: checked, and read for its model "
+                                              "type and for the dtype SGLang serves it in"),
     ("asyncrl/engine/launcher.py", "config.json"): (1, "a Hugging Face model dir's config"),
     ("asyncrl/run/preflight.py", "config.json"): (2, "a Hugging Face model dir's config: checked, and read for the memory estimate"),
     ("asyncrl/testing.py", "config.json"): (1, "the tiny test model's Hugging Face config"),

@@ -267,7 +267,7 @@ def sglang_config(tmp_path_factory):
     cfg.architectures = ["LlamaForCausalLM"]
     cfg.save_pretrained(d)
     # dtype float32: what the recorder holds (its params); under "auto" SGLang would serve this fp32
-    # config in float16, and the sender would cast to it (broadcast.py sglang_served_dtype)
+    # config in float16, and the sender would cast to it (asyncrl.models.sglang_served_dtype)
     args = ServerArgs(model_path=str(d), weight_version="0", skip_tokenizer_init=True, device="cpu", dtype="float32")
     runtime_context.publish(args, role=next(iter(runtime_context.ROLE_NAMESPACE_SETS)))
     return args

@@ -55,13 +55,14 @@ def test_a_refused_flush_is_told_from_a_refused_load_by_sglangs_message():
     ({"dtype": "auto"}, "not json", None), ({"dtype": "auto"}, "missing", None),
 ])
 def test_the_dtype_sglang_serves_follows_its_own_rule(info, config, want, tmp_path):
-    from asyncrl.weight_sync.broadcast import sglang_served_dtype
+    from asyncrl.models import sglang_served_dtype, torch_dtype
 
     if config is not None:
         info = {**info, "model_path": str(tmp_path)}
         if config != "missing":
             (tmp_path / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
-    assert sglang_served_dtype(info) == want
+    name = sglang_served_dtype(info.get("dtype"), info.get("model_path"))
+    assert (torch_dtype(name) if name else None) == want
 
 
 def test_error_codes_are_closed_and_mismatch_is_a_refusal():
