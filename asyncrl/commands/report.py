@@ -2,7 +2,9 @@
 
 Panels (each a PNG under RUN_DIR/report/, a panel whose metrics the run never logged is left out):
 reward and its parts (train/reward_mean, train/reward/*), evaluation (eval/*), staleness
-(train/staleness_max, train/staleness_mean), the learner's idle fraction, engine and learner tokens/s,
+(train/staleness_max, train/staleness_mean), the sampler/learner mismatch and the importance weights'
+spread by token staleness (learner/mismatch_s*_kl_k3, learner/mismatch_s*_is_std: asyncrl/learner/importance.py),
+the learner's idle fraction, engine and learner tokens/s,
 weight-sync seconds, and the buffer's size. summary.md compares the first and the last `window` training
 steps (mean of each headline metric) and lists the plots. The run may still be writing its metrics: the
 report covers what is there, and a torn last line is skipped.
@@ -10,6 +12,7 @@ report covers what is there, and a torn last line is skipped.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 from pathlib import Path
@@ -17,10 +20,12 @@ from typing import Any
 
 from asyncrl.run_dir import METRICS, RunLayout
 
-PANELS: list[tuple[str, str, list[str]]] = [  # (file stem, title, metric keys; a key ending in * is a prefix)
+PANELS: list[tuple[str, str, list[str]]] = [  # (file stem, title, metric keys; a key with * is a glob)
     ("reward", "reward and its parts", ["train/reward_mean", "train/reward/*"]),
     ("eval", "evaluation", ["eval/*"]),
     ("staleness", "staleness (versions)", ["train/staleness_max", "train/staleness_mean"]),
+    ("mismatch", "sampler/learner mismatch, KL k3, by token staleness s", ["learner/mismatch_s*_kl_k3"]),
+    ("mismatch_spread", "importance-weight spread (std of r), by token staleness s", ["learner/mismatch_s*_is_std"]),
     ("idle", "learner idle fraction", ["learner/idle_fraction"]),
     ("throughput", "tokens/s", ["rollout/engine_tokens_per_s", "learner/tokens_per_s"]),
     ("sync", "weight sync seconds", ["sync/seconds"]),
@@ -58,7 +63,7 @@ def panel_keys(records: list[dict[str, Any]], patterns: list[str]) -> list[str]:
     present = sorted({k for r in records for k in r})
     keys: list[str] = []
     for p in patterns:
-        matched = [k for k in present if k.startswith(p[:-1])] if p.endswith("*") else ([p] if p in present else [])
+        matched = [k for k in present if fnmatch.fnmatchcase(k, p)] if "*" in p else ([p] if p in present else [])
         keys += [k for k in matched if k not in keys]
     return keys
 

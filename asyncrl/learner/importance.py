@@ -21,6 +21,13 @@ token (sequence level), before rejection:
   truncated w; 1 when all weights are equal), is_frac_truncated (w > threshold), is_frac_rejected,
   and, over masked tokens, the KL of behavior against proximal estimated from behavior samples with
   r = p_prox / p_behav:  is_kl_k1 = mean(-log r),  is_kl_k3 = mean(r - 1 - log r).
+
+By staleness (`mismatch_by_staleness`): the same KL (k3) and the spread of r (its standard deviation)
+over the masked tokens of each staleness level s = the learner's version minus the version that
+sampled the token, s = 0 .. max_staleness (older tokens counted in the last level), with each level's
+share of the tokens: mismatch_s{s}_kl_k3, mismatch_s{s}_is_std, mismatch_s{s}_token_frac, for the
+levels that have tokens. Off-policy drift shows as k3 and spread growing with s; engine/learner
+numerics alone, as the level-0 figures.
 """
 
 from __future__ import annotations
@@ -110,3 +117,27 @@ def mismatch_kl(policy_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch
     if not dt.numel():
         return {"is_kl_k1": 0.0, "is_kl_k3": 0.0}
     return {"is_kl_k1": float((-dt).mean()), "is_kl_k3": float((torch.exp(dt) - 1 - dt).mean())}
+
+
+def mismatch_by_staleness(policy_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor,
+                          staleness: torch.Tensor, max_level: int) -> dict[str, float]:
+    """mismatch_s{s}_kl_k3, mismatch_s{s}_is_std and mismatch_s{s}_token_frac per staleness level with
+    masked tokens (see the module doc). Inputs [B, T]; `staleness` holds ints (clamped to [0, max_level])."""
+    _check_shapes("mismatch_by_staleness", policy_logp=policy_logp, behav_logp=behav_logp, mask=mask,
+                  staleness=staleness)
+    if max_level < 0:
+        raise ValueError(f"mismatch_by_staleness: max_level must be >= 0, got {max_level}")
+    m = mask.bool()
+    total = int(m.sum())
+    dt = (policy_logp.detach().double() - behav_logp.detach().double()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    level = staleness.long().clamp(0, max_level)
+    out: dict[str, float] = {}
+    for s in range(max_level + 1):
+        d = dt[m & (level == s)]
+        if not d.numel():
+            continue
+        r = torch.exp(d)
+        out[f"mismatch_s{s}_kl_k3"] = float((r - 1 - d).mean())
+        out[f"mismatch_s{s}_is_std"] = float(r.std(unbiased=False))
+        out[f"mismatch_s{s}_token_frac"] = d.numel() / total
+    return out

@@ -54,7 +54,7 @@ from asyncrl.learner.distributed import (
 )
 from asyncrl.learner.gae import gae, place_rewards, whiten
 from asyncrl.learner.head import ChunkedHead
-from asyncrl.learner.importance import importance_weights
+from asyncrl.learner.importance import importance_weights, mismatch_by_staleness
 from asyncrl.learner.logprobs import effective_temperature
 from asyncrl.learner.lora import apply_lora, lora_scaling, merge_state_dict, merged_named_params
 from asyncrl.learner.losses import check_off_policy_correction, kl_penalty, policy_loss, resolve_loss
@@ -310,6 +310,11 @@ class LearnerWorker:
                 reject_high=a.is_reject_high, seq_mode=a.is_seq_mode,
             )
             metrics.update({f"learner/{k}": v for k, v in diag.items()})
+            staleness = [torch.from_numpy(self.version - t.versions.numpy().astype(np.int64)) for t in trajs]
+            by_level = mismatch_by_staleness(
+                _pad_stack([full[i] for i in range(n_traj)], width, torch.float32), _pad_stack(behav, width, torch.float32),
+                _pad_stack(masks, width, torch.bool), _pad_stack(staleness, width, torch.int64), a.max_staleness)
+            metrics.update({f"learner/{k}": v for k, v in by_level.items()})
 
         # loss, pg, kl, ent_sum, clip_cnt, ratio_sum, tokens, grad_norm, mismatch k1 and k3 (token sums)
         sums = torch.zeros(10, dtype=torch.float64)

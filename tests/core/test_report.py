@@ -23,7 +23,9 @@ def _records(n=8):
                      "train/staleness_mean": 1.0, "train/staleness_max": 2, "learner/idle_fraction": 0.5,
                      "rollout/engine_tokens_per_s": 100.0, "learner/tokens_per_s": 50.0, "sync/seconds": 0.2,
                      "buffer/size": 10 + s, "step_seconds": 10.0, "memory/learner_peak_gb": 2.0 + s / 10,
-                     "memory/driver_peak_gb": 0.5})
+                     "memory/driver_peak_gb": 0.5, "learner/mismatch_s0_kl_k3": 1e-4, "learner/mismatch_s1_kl_k3": 3e-3,
+                     "learner/mismatch_s0_is_std": 0.01, "learner/mismatch_s1_is_std": 0.08,
+                     "learner/mismatch_s0_token_frac": 0.6, "learner/mismatch_s1_token_frac": 0.4})
         if s % 4 == 0:
             recs.append({"step": s, "time": 10.0 * s, "eval/reward_mean": s / 10, "eval/pass@4": s / 8})
     return recs
@@ -39,8 +41,8 @@ def test_report_plots_every_logged_panel_and_compares_first_and_last_windows(tmp
     assert r.returncode == 0, r.stderr[-2000:]
     printed = r.stdout.split()
     names = [p.split("/")[-1] for p in printed]
-    assert names == ["reward.png", "eval.png", "staleness.png", "idle.png", "throughput.png", "sync.png",
-                     "buffer.png", "memory.png", "summary.md"]
+    assert names == ["reward.png", "eval.png", "staleness.png", "mismatch.png", "mismatch_spread.png", "idle.png",
+                     "throughput.png", "sync.png", "buffer.png", "memory.png", "summary.md"]
     for p in printed[:-1]:
         assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     md = (run / "report" / "summary.md").read_text()
@@ -57,6 +59,9 @@ def test_panels_a_run_never_logged_are_left_out(tmp_path):
     paths = write_report(run)
     assert [p.name for p in paths] == ["reward.png", "summary.md"]
     assert panel_keys(read_records(run), ["eval/*"]) == []
+    _write(run, _records())  # a glob in the middle: one series per staleness level, the other suffixes not
+    assert panel_keys(read_records(run), ["learner/mismatch_s*_kl_k3"]) == ["learner/mismatch_s0_kl_k3",
+                                                                           "learner/mismatch_s1_kl_k3"]
 
 
 def test_a_dir_with_nothing_to_report_is_named(tmp_path):

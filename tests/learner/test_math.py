@@ -131,6 +131,26 @@ def test_token_level_weights_truncation_and_diagnostics():
     assert d["is_kl_k3"] == pytest.approx(sum(x - 1 - L(x) for x in r) / 4)
 
 
+def test_mismatch_by_staleness_splits_k3_and_the_weight_spread_by_level():
+    from asyncrl.learner.importance import mismatch_by_staleness
+
+    # ratios 2, .5 at staleness 0; 4 at staleness 1; 1 at staleness 3, counted in the last level (2);
+    # the masked third column (and its -inf behaviour logprob) counts nowhere
+    stale = torch.tensor([[0, 0, 1], [1, 3, 0]])
+    d = mismatch_by_staleness(PROX, BEHAV, MASK, stale, max_level=2)
+    assert set(d) == {f"mismatch_s{s}_{k}" for s in (0, 1, 2) for k in ("kl_k3", "is_std", "token_frac")}
+    assert d["mismatch_s0_kl_k3"] == pytest.approx(((2 - 1 - L(2)) + (0.5 - 1 - L(0.5))) / 2)
+    assert d["mismatch_s0_is_std"] == pytest.approx(0.75)  # population std of (2, .5)
+    assert d["mismatch_s1_kl_k3"] == pytest.approx(4 - 1 - L(4)) and d["mismatch_s1_is_std"] == 0
+    assert d["mismatch_s2_kl_k3"] == pytest.approx(0, abs=1e-12)
+    assert [d[f"mismatch_s{s}_token_frac"] for s in (0, 1, 2)] == [0.5, 0.25, 0.25]
+    # a level without tokens is left out; nothing masked in: nothing at all
+    assert "mismatch_s1_kl_k3" not in mismatch_by_staleness(PROX, BEHAV, MASK, torch.zeros(2, 3, dtype=torch.long), 1)
+    assert mismatch_by_staleness(PROX, BEHAV, torch.zeros(2, 3), stale, 2) == {}
+    with pytest.raises(ValueError, match="max_level must be >= 0, got -1"):
+        mismatch_by_staleness(PROX, BEHAV, MASK, stale, -1)
+
+
 def test_token_level_rejection_bounds():
     w, keep, d = importance_weights(PROX, BEHAV, MASK, threshold=3.0, reject_low=0.6, reject_high=3.5)
     close(keep, [[1, 0, 0], [0, 1, 0]])  # ratio .5 below, ratio 4 above
