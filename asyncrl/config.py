@@ -449,6 +449,12 @@ class AlgorithmConfig:
         True, "grpo: advantages divided by the group's reward std (false: only centred, as drgrpo)")
     n_samples: int = setting(4, "samples per prompt (group size)")
     max_staleness: int = setting(2, "eta: versions a trained token may lag the newest")
+    dynamic_sampling: bool = setting(
+        False, "DAPO's dynamic sampling: groups whose rewards are all equal (no gradient in a group-relative "
+        "estimator) are closed unserved by the buffer and their starts draw fresh prompts (asyncrl/buffer/store.py)")
+    dynamic_sampling_max_rounds: int = setting(
+        3, "dynamic_sampling: at most this many x trainer.batch_groups such groups are closed between two "
+        "batches; past that they are trained as they are (counted): a task all solved or all failed still trains")
     decoupled: bool = setting(True, "proximal forward: ratio against the learner's pre-step weights")
     clip_low: float = setting(0.2, "the ratio's lower clip bound is 1 - clip_low (ppo, gspo, cispo)")
     clip_high: float = setting(0.28, "... and its upper bound 1 + clip_high (clip-higher, as DAPO)")
@@ -534,6 +540,10 @@ class AlgorithmConfig:
         _check(self.max_nonfinite_steps >= 1, "algorithm.max_nonfinite_steps",
                f"must be >= 1, got {self.max_nonfinite_steps}")
         _check(self.n_samples >= 1, "algorithm.n_samples", f"must be >= 1, got {self.n_samples}")
+        _at_least(self, "algorithm", 1, "dynamic_sampling_max_rounds")
+        _check(not (self.dynamic_sampling and self.n_samples < 2), "algorithm.dynamic_sampling",
+               f"filters groups whose rewards are all equal, which needs groups of 2 or more: algorithm.n_samples="
+               f"{self.n_samples}")
         _check(not self.turn_credit or self.adv_estimator in ("grpo", "drgrpo", "rloo", "reinforce_pp"),
                "algorithm.turn_credit", "works with the built-in estimators grpo, drgrpo, rloo, reinforce_pp "
                "(their per-token form is documented; gae always places turn and tool rewards), not "

@@ -17,10 +17,11 @@ from asyncrl.config import BufferConfig
 
 @ray.remote(num_cpus=0)
 class BufferActor:
-    def __init__(self, cfg: BufferConfig, wal_dir: str | Path, max_staleness: int, keys: BufferKeys | None):
+    def __init__(self, cfg: BufferConfig, wal_dir: str | Path, max_staleness: int, keys: BufferKeys | None,
+                 uniform_limit: int | None = None):
         """`keys`: the run's CURVE keys (`BufferKeys.for_run`), None without CURVE; handed over as an
         argument (never argv); the actor's own client uses the consumer's pair."""
-        self._svc = BufferService(cfg, wal_dir, max_staleness, keys)
+        self._svc = BufferService(cfg, wal_dir, max_staleness, keys, uniform_limit)
         addr = self._svc.start()
         if cfg.host in ("0.0.0.0", "*"):  # advertise this node's address, not the wildcard
             addr = addr.replace("127.0.0.1", ray.util.get_node_ip_address())

@@ -131,7 +131,8 @@ def decode_put(body: bytes) -> Entry:
         raise ValueError(f"PUT body is not a valid Trajectory: {e}") from e
     except SchemaError as e:
         raise ValueError(f"PUT {e}") from e
-    return Entry(t.uid, t.group_id, t.group_size, t.min_version(), body, t.sample_index, t.episode_chains)
+    return Entry(t.uid, t.group_id, t.group_size, t.min_version(), body, t.sample_index, t.episode_chains,
+                 reward=t.reward)
 
 
 class _DiskFull(Exception):
@@ -152,7 +153,8 @@ class _Parked(msgspec.Struct):
 class BufferService:
     """Owns the socket, the WAL and the in-memory state. `start()` returns the address to connect to."""
 
-    def __init__(self, cfg: BufferConfig, wal_dir: str | Path, max_staleness: int, keys: BufferKeys | None = None):
+    def __init__(self, cfg: BufferConfig, wal_dir: str | Path, max_staleness: int, keys: BufferKeys | None = None,
+                 uniform_limit: int | None = None):
         check_bind(cfg, keys)
         if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
             raise BufferConfigError(f"buffer max_staleness must be an integer >= 0, got {max_staleness!r}")
@@ -160,7 +162,9 @@ class BufferService:
         self._auth: AllowList | None = None
         self.wal = WriteAheadLog(wal_dir, cfg.fsync)
         self._meta_bytes = 0  # size of the last compaction's SNAPSHOT record (part of the live state)
-        self.state = BufferState(cfg.capacity_trajectories, cfg.capacity_bytes, cfg.order, cfg.dedupe_other_max)
+        # uniform_limit: dynamic sampling's groups of equal rewards closed between two batches (None: off)
+        self.state = BufferState(cfg.capacity_trajectories, cfg.capacity_bytes, cfg.order, cfg.dedupe_other_max,
+                                 uniform_limit)
         self.reserve = DiskReserve(self.wal.dir, cfg.disk_reserve_bytes)
         self.full: str | None = None  # why PUTs are refused (disk full), None while they are acknowledged
         self._next_probe = 0.0
@@ -189,6 +193,7 @@ class BufferService:
     def start(self) -> str:
         self._replay()
         self.state.drop_empty_complete()  # groups the log leaves complete and empty are closed before any PUT
+        self.state.close_uniform_complete(bounded=False)
         try:
             room = self.reserve.try_acquire()
         except OSError as e:
@@ -637,6 +642,7 @@ class BufferService:
             self.state.apply_drop(uids)
             records.append(frame_parts(P.REC_DROP, P.pack(P.DropRecord(uids))))
         self.state.drop_empty_complete()
+        self.state.close_uniform_complete()
 
     def _answer_parked(self, records: list[bytes], replies: list[list[bytes]]) -> None:
         if not self._parked:
@@ -680,7 +686,7 @@ class BufferService:
         return P.batch_frames(rec.batch_id, groups)
 
     def take_dropped(self) -> list[tuple[str, str]]:
-        """(group_id, "stale" | "failed") of the groups closed unserved since the last call (any thread)."""
+        """(group_id, "stale" | "failed" | "uniform") of the groups closed unserved since the last call (any thread)."""
         return self.state.take_dropped()
 
     def stats(self) -> dict:

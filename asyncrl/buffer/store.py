@@ -33,7 +33,15 @@ Rules:
   and so is a group of a replayed batch whose members all became stale; the rollout side takes these
   reports (`BufferService.take_dropped`) to give the groups' admission budget back. Closing is not
   logged, so after a restart the same groups close, and are reported, again: a report is at least
-  once, and its reader ignores one it has applied.
+  once, and its reader ignores one it has applied;
+- dynamic sampling (`uniform_limit` not None; algorithm.dynamic_sampling): a complete group expecting two
+  or more members whose members' rewards are all equal carries no gradient in a group-relative estimator,
+  so it is closed unserved with reason "uniform" (its members freed; the rollout side gives its start back
+  and draws a fresh prompt, never the same one) before any batch is planned. At most `uniform_limit` such
+  groups are closed between two served batches; past that a uniform group is served as it is (counted
+  `uniform_served`), so a run whose prompts are all solved or all failed still trains. The counter
+  restarts at every SERVE, and the closing is not logged: it depends only on the group, and after a
+  replay every uniform complete group is closed, unbounded (those closed live come back from their PUTs).
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ class Entry:
     episode: int = 0  # the trajectory's sample_index: the episode of its group it comes from
     chains: int = 1  # trajectories that episode produced (Trajectory.episode_chains)
     extended: bool = False  # storing it grew its group's `expected` by chains - 1 (undone with it)
+    reward: float = 0.0  # the trajectory's reward (dynamic sampling reads it)
 
 
 @dataclass(slots=True)
@@ -208,12 +217,16 @@ class ClosedGroups:
 
 class BufferState:
     def __init__(self, capacity_trajectories: int, capacity_bytes: int, order: str = "oldest",
-                 dedupe_other_max: int = 1_000_000):
+                 dedupe_other_max: int = 1_000_000, uniform_limit: int | None = None):
         if capacity_trajectories < 1 or capacity_bytes < 1 or dedupe_other_max < 1:
             raise ValueError(f"buffer capacity must be positive, got capacity_trajectories={capacity_trajectories}"
                              f" capacity_bytes={capacity_bytes} dedupe_other_max={dedupe_other_max}")
         if order not in ("oldest", "newest"):
             raise ValueError(f"buffer.order={order!r} is not one of ('oldest', 'newest')")
+        if uniform_limit is not None and uniform_limit < 1:
+            raise ValueError(f"uniform_limit (groups of equal rewards closed between two batches) must be >= 1 or "
+                             f"None (dynamic sampling off), got {uniform_limit}")
+        self.uniform_limit, self.uniform_since_serve = uniform_limit, 0
         self.capacity_trajectories, self.capacity_bytes, self.order = capacity_trajectories, capacity_bytes, order
         self.dedupe_other_max = dedupe_other_max
         self.other_seen: set[str] = set()  # uids that are not training uids, ever stored
@@ -228,9 +241,10 @@ class BufferState:
         self.size = 0  # held (pending) trajectories
         self.nbytes = 0
         self._seq = 0
-        self.dropped: deque[tuple[str, str]] = deque()  # (group_id, "stale" | "failed"): closed unserved, not yet taken
+        self.dropped: deque[tuple[str, str]] = deque()  # (group_id, "stale" | "failed" | "uniform"): not yet taken
         self.counts = {"received": 0, "duplicates": 0, "late": 0, "failed_reported": 0, "dropped_stale": 0,
                        "dropped_empty_groups": 0, "groups_dropped_stale": 0, "groups_dropped_failed": 0,
+                       "groups_dropped_uniform": 0, "uniform_served": 0,
                        "served": 0, "batches_served": 0, "batches_committed": 0, "batches_replayed": 0}
 
     # ------------------------------------------------------------------ admission
@@ -348,10 +362,13 @@ class BufferState:
         """Move the record's groups out of the pending set; return their entries in record order.
         While replaying the log, the batch is queued to be served again (until a commit removes it)."""
         out = []
+        self.uniform_since_serve = 0
         for sg in rec.groups:
             g = self.groups.pop(sg.group_id, None)
             members = g.members if g is not None else {}
             entries = [members[u] for u in sg.uids if u in members]
+            if not replaying and self.is_uniform(g):
+                self.counts["uniform_served"] += 1
             if len(entries) != len(sg.uids):
                 raise ValueError(f"WAL SERVE record of batch {rec.batch_id} names members of group {sg.group_id!r} "
                                  f"that are not held: {sorted(set(sg.uids) - set(members))}")
@@ -404,6 +421,29 @@ class BufferState:
             self.closed.add(gid)
             self.counts["dropped_empty_groups"] += 1
             self.record_dropped(gid, "stale" if g.stale else "failed")
+
+    def is_uniform(self, g: PendingGroup | None) -> bool:
+        """Dynamic sampling is on and `g` expects two or more members, whose rewards are all equal."""
+        return (self.uniform_limit is not None and g is not None and g.expected >= 2 and bool(g.members)
+                and len({e.reward for e in g.members.values()}) == 1)
+
+    def close_uniform_complete(self, bounded: bool = True) -> None:
+        """Dynamic sampling: close complete groups of equal rewards, at most `uniform_limit` between two
+        served batches (see the module doc). Each is recorded in `dropped` as "uniform". Unbounded after a
+        replay: the groups it closed live come back from their PUTs and must not spend the bound."""
+        if self.uniform_limit is None:
+            return
+        for g in [g for g in self.groups.values() if g.is_complete() and self.is_uniform(g)]:
+            if bounded and self.uniform_since_serve >= self.uniform_limit:
+                return
+            del self.groups[g.group_id]
+            for e in g.members.values():
+                self.held.pop(e.uid, None)
+                self.size -= 1
+                self.nbytes -= len(e.raw)
+            self.closed.add(g.group_id)
+            self.uniform_since_serve += bounded
+            self.record_dropped(g.group_id, "uniform")
 
     def record_dropped(self, group_id: str, reason: str) -> None:
         """A group that will never be served (closed empty, or a replayed group gone stale), for the rollout side."""

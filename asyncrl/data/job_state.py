@@ -50,6 +50,7 @@ class RolloutState(msgspec.Struct, frozen=True, kw_only=True):
     groups_started: int = 0
     groups_done: int = 0
     groups_dropped: int = 0  # drop reports applied (groups the buffer closed unserved)
+    groups_filtered: int = 0  # ... of which closed by dynamic sampling (rewards all equal): their prompts done
     prompts_reissued: int = 0
     reward_sum: float = 0.0
     engine_in_flight: int = 0

@@ -16,7 +16,9 @@ of the last `trainer.failed_episode_window` outcomes: what the controller's watc
 A group the buffer closes without serving it (every member failed or stale) is reported back by the
 controller (`groups_dropped`): its start goes back to the gate and its prompt is issued again, as a
 new group (`g<p>r<k>`), at most `trainer.max_prompt_retries` times; then the prompt is skipped and
-counted. A report is applied once: it names the group's retry number, and one that is not the
+counted. A group closed by dynamic sampling (its rewards all equal: `filtered`) gives its start back
+and its prompt is done: the start draws a fresh prompt, as DAPO refills a batch (counted
+`groups_filtered`). A report is applied once: it names the group's retry number, and one that is not the
 prompt's current one (already handled) changes nothing. What this changes is in `RolloutPosition`
 (returned starts, retry numbers, prompts waiting to be issued again, skipped prompts), so a restarted
 or resumed worker keeps it.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -129,7 +132,8 @@ class RolloutWorker:
         self.counts = {"episodes": 0, "episode_errors": 0, "episodes_failed": 0, "reward_nonfinite": 0,
                        "reward_model_failures": 0,
                        "groups_started": 0,
-                       "groups_done": 0, "groups_dropped": 0, "prompts_reissued": 0, "reward_sum": 0.0}
+                       "groups_done": 0, "groups_dropped": 0, "groups_filtered": 0, "prompts_reissued": 0,
+                       "reward_sum": 0.0}
         self.errors = ErrorTally()
         self.recent_failed: deque[bool] = deque(maxlen=cfg.trainer.failed_episode_window)
         self._stop = asyncio.Event()
@@ -153,7 +157,7 @@ class RolloutWorker:
                             engine_tokens_out=self.engine.tokens_out, recent_episodes=len(self.recent_failed),
                             recent_failed=sum(self.recent_failed), errors=self.errors.summary(), **self.counts)
 
-    async def groups_dropped(self, group_ids: list[str]) -> RolloutState:
+    async def groups_dropped(self, group_ids: list[str], filtered: Sequence[str] = ()) -> RolloutState:
         """The buffer closed these groups without serving them: give their starts back and issue their
         prompts again (at most `trainer.max_prompt_retries` times, then skip them). A report for a group
         that is not its prompt's current one (handled before), not drawn yet, or not this worker's is ignored."""
@@ -173,7 +177,9 @@ class RolloutWorker:
                 del self.inflight[p]  # the buffer has all of it (its last ack may still be on the way here)
             await self.gate.give_back()
             self.counts["groups_dropped"] += 1
-            if k < self.cfg.trainer.max_prompt_retries:
+            if gid in filtered:  # rewards all equal: trained nothing; the returned start draws a new prompt
+                self.counts["groups_filtered"] += 1
+            elif k < self.cfg.trainer.max_prompt_retries:
                 self.waiting.append(p)
                 self.counts["prompts_reissued"] += 1
             else:

@@ -346,10 +346,13 @@ def _report(out: Path, summary: dict[str, Any]) -> None:
     n = {k: "?" if summary.get(k) is None else summary[k] for k in ("steps_trained", "episodes", "episodes_failed", "prompts_skipped",
                                          "groups_dropped_stale", "groups_dropped_failed", "worker_restarts",
                                          "engine_restarts")}
+    filtered = (f", {summary['groups_filtered_uniform']} of equal rewards (dynamic sampling; "
+                f"{summary.get('groups_served_uniform', 0)} trained past its bound)"
+                if summary.get("groups_filtered_uniform") or summary.get("groups_served_uniform") else "")
     print(f"asyncrl train: {summary['exit_reason']} (exit {summary['exit_code']}): {n['steps_trained']} steps "
           f"trained; {n['episodes']} episodes stored, {n['episodes_failed']} failed; {n['prompts_skipped']} prompts "
           f"skipped; groups dropped unserved: {n['groups_dropped_stale']} stale, {n['groups_dropped_failed']} all "
-          f"failed; {n['worker_restarts']} worker and {n['engine_restarts']} engine restarts; summary in "
+          f"failed{filtered}; {n['worker_restarts']} worker and {n['engine_restarts']} engine restarts; summary in "
           f"{path}", flush=True)
     if memory := summary.get("memory"):
         print("asyncrl train: peak resident memory (GiB): " + ", ".join(

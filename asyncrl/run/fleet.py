@@ -71,7 +71,7 @@ class Fleet:
         self.reward_model = None  # the RewardModelActor (reward_model.kind=discriminative)
         self._evals: list[tuple[int, Any]] = []
         self._last_poll = (time.perf_counter(), 0)
-        self._undelivered: list[str] = []  # dropped group ids whose worker did not answer yet
+        self._undelivered: list[tuple[str, str]] = []  # (dropped group id, why) whose worker did not answer yet
 
     # ------------------------------------------------------------------ start / stop
 
@@ -87,7 +87,9 @@ class Fleet:
         status("starting the replay buffer")
         wal_dir = cfg.buffer.wal_dir or str(self.layout.buffer)
         keys = BufferKeys.for_run(cfg.buffer)  # None without CURVE; each process gets only its role's pair
-        self.buffer = BufferActor.remote(cfg.buffer, wal_dir, cfg.algorithm.max_staleness, keys)
+        a = cfg.algorithm  # dynamic sampling: groups of equal rewards the buffer may close between two batches
+        uniform_limit = a.dynamic_sampling_max_rounds * cfg.trainer.batch_groups if a.dynamic_sampling else None
+        self.buffer = BufferActor.remote(cfg.buffer, wal_dir, a.max_staleness, keys, uniform_limit)
         address = ray.get(self.buffer.address.remote())
         self.buffer_producer, consumer = (endpoint(keys, address, r) for r in ("producer", "consumer"))
         engine_threads, learner_threads = cpu_threads(cfg.trainer.mode, available_cpus(), cfg.engine.num_engines,
@@ -188,9 +190,9 @@ class Fleet:
             with open(self.layout.dropped_groups, "a") as f:
                 f.writelines(json.dumps({"step": self.step, "group_id": gid, "reason": why}) + "\n"
                              for gid, why in taken)
-        self._undelivered += [gid for gid, _ in taken]
-        by_worker: dict[int, list[str]] = {}
-        for gid in self._undelivered:
+        self._undelivered += list(taken)
+        by_worker: dict[int, list[tuple[str, str]]] = {}
+        for gid, why in self._undelivered:
             try:
                 key = parse_group_id(gid)
             except ValueError as e:
@@ -200,16 +202,18 @@ class Fleet:
                 log.warning("buffer reported dropped group %s of another run (this is run %s): ignored", gid,
                             self.run_id)
                 continue
-            by_worker.setdefault(key.position % self.cfg.trainer.rollout_workers, []).append(gid)
-        keep: list[str] = []
-        for r, gids in sorted(by_worker.items()):
+            by_worker.setdefault(key.position % self.cfg.trainer.rollout_workers, []).append((gid, why))
+        keep: list[tuple[str, str]] = []
+        for r, reports in sorted(by_worker.items()):
+            gids = [gid for gid, _ in reports]
+            filtered = [gid for gid, why in reports if why == "uniform"]  # dynamic sampling: a fresh prompt instead
             try:
-                st = ray.get(self.supervisor.workers[r].groups_dropped.remote(gids),
+                st = ray.get(self.supervisor.workers[r].groups_dropped.remote(gids, filtered),
                              timeout=Supervisor.HEALTH_TIMEOUT_S)
             except Exception as e:  # gone or hung: the supervisor replaces it; its replacement gets them
                 log.warning("rollout worker %d did not take %d dropped groups (%r): delivered again later",
                             r, len(gids), e)
-                keep += gids
+                keep += reports
             else:
                 self.supervisor.record(r, st)
         self._undelivered = keep
@@ -237,6 +241,8 @@ class Fleet:
                 "prompts_reissued": sum(s.prompts_reissued for s in states),
                 "groups_dropped_stale": buffer_count("groups_dropped_stale"),
                 "groups_dropped_failed": buffer_count("groups_dropped_failed"),
+                "groups_filtered_uniform": buffer_count("groups_dropped_uniform"),
+                "groups_served_uniform": buffer_count("uniform_served"),
                 "trajectories_dropped_stale": buffer_count("dropped_stale"),
                 "worker_restarts": int(faults.get("faults/worker_restarts", 0)),
                 "engine_restarts": int(faults.get("faults/engine_restarts", 0)),

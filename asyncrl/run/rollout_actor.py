@@ -45,9 +45,10 @@ class RolloutActor:
     async def set_version(self, version: int) -> None:
         await self.worker.set_version(version)
 
-    async def groups_dropped(self, group_ids: list[str]) -> RolloutState:
-        """Groups the buffer closed unserved (routed here by the controller); the state after applying them."""
-        return await self.worker.groups_dropped(group_ids)
+    async def groups_dropped(self, group_ids: list[str], filtered: list[str] | None = None) -> RolloutState:
+        """Groups the buffer closed unserved (routed here by the controller; `filtered`: those closed by dynamic
+        sampling); the state after applying them."""
+        return await self.worker.groups_dropped(group_ids, filtered or ())
 
     async def state(self) -> RolloutState:
         if self.task is not None and self.task.done() and self.task.exception() is not None:

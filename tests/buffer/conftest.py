@@ -30,12 +30,13 @@ def traj(uid: str, group_id: str, version: int = 0, group_size: int = 1, n: int 
 @pytest.fixture
 def service(tmp_path):
     """Factory: start a BufferService on a WAL dir (default tmp_path/wal) with staleness bound
-    `max_staleness` (default 0) and CURVE `keys` (default none); all are stopped at teardown."""
+    `max_staleness` (default 0), CURVE `keys` (default none) and dynamic sampling's `uniform_limit` (default
+    None: off); all are stopped at teardown."""
     started = []
 
-    def make(wal_dir=None, max_staleness=0, keys=None, **cfg_kw):
+    def make(wal_dir=None, max_staleness=0, keys=None, uniform_limit=None, **cfg_kw):
         cfg = BufferConfig(**{"curve": "off" if keys is None else "on", **cfg_kw})  # the protocol, in plain text
-        svc = BufferService(cfg, wal_dir or tmp_path / "wal", max_staleness, keys)
+        svc = BufferService(cfg, wal_dir or tmp_path / "wal", max_staleness, keys, uniform_limit)
         svc.start()
         started.append(svc)
         return svc

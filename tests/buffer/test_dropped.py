@@ -83,3 +83,51 @@ async def test_an_outstanding_batch_gone_stale_after_a_restart_is_reported(servi
         assert _taken(again, 1) == [("g7", "stale")]
     finally:
         c.close()
+
+
+def _group(gid, rewards, version=0):
+    return [traj(f"{gid}-{i}", gid, version=version, group_size=len(rewards), reward=r) for i, r in enumerate(rewards)]
+
+
+async def test_dynamic_sampling_closes_groups_of_equal_rewards_within_its_bound_and_after_a_restart(service, tmp_path):
+    """algorithm.dynamic_sampling: a complete group whose rewards are all equal is closed unserved as
+    "uniform" (its start goes back; the rollout side draws a fresh prompt), at most `uniform_limit` between
+    two batches, past which it is served as it is; a group of one, or of unequal rewards, is served. The
+    closing is not logged: after a restart the same groups close again, and are reported again."""
+    wal = tmp_path / "wal"
+    svc = service(wal_dir=wal, uniform_limit=2)
+    await _produce(svc.address, trajs=[*_group("u1", [1.0, 1.0]), *_group("u2", [0.0, 0.0, 0.0]),
+                                       *_group("mixed", [0.0, 1.0]), *_group("one", [1.0])])
+    c = BufferConsumer(svc.address)
+    try:
+        c.set_version(0)
+        assert sorted(_taken(svc, 2)) == [("u1", "uniform"), ("u2", "uniform")]
+        await _produce(svc.address, trajs=_group("u3", [0.5, 0.5]))  # the bound is spent: u3 waits to be served
+        b = c.get_batch(3, current_version=0, timeout_s=5)
+        assert sorted(g.group_id for g in b.groups) == ["mixed", "one", "u3"]
+        s = svc.stats()
+        assert (s["groups_dropped_uniform"], s["uniform_served"], s["size"]) == (2, 1, 0)
+        await _produce(svc.address, trajs=_group("u4", [1.0, 1.0]))  # a served batch opens the bound again
+        c.set_version(0)
+        assert _taken(svc, 1) == [("u4", "uniform")] and svc.stats()["size"] == 0
+    finally:
+        c.close()
+    svc.stop()
+
+    again = service(wal_dir=wal, uniform_limit=2)
+    try:
+        assert sorted(_taken(again, 3)) == [("u1", "uniform"), ("u2", "uniform"), ("u4", "uniform")]
+        assert again.stats()["size"] == 0 and again.stats()["groups_complete"] == 0
+    finally:
+        again.stop()
+
+
+async def test_without_dynamic_sampling_groups_of_equal_rewards_are_served(service):
+    svc = service()
+    await _produce(svc.address, trajs=_group("u1", [1.0, 1.0]))
+    c = BufferConsumer(svc.address)
+    try:
+        assert [g.group_id for g in c.get_batch(1, current_version=0, timeout_s=5).groups] == ["u1"]
+        assert svc.take_dropped() == [] and svc.stats()["uniform_served"] == 0
+    finally:
+        c.close()

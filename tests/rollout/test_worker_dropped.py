@@ -80,3 +80,43 @@ async def test_a_dropped_group_returns_its_budget_and_is_reissued_then_skipped(t
                                         "other-g1", "g1", "val-3"])  # handled, not current, not drawn, other run, hostile
     assert after.position == pos
     await again.producer.close()
+
+
+async def test_a_group_of_equal_rewards_closed_by_dynamic_sampling_draws_a_fresh_prompt(tokenizer, tmp_path,
+                                                                                       plugin_registry):
+    """algorithm.dynamic_sampling: every group here has equal rewards (one scripted answer, a constant reward),
+    so the buffer closes each as "uniform"; its start comes back and the worker draws the NEXT prompt, never
+    the same one again, and nothing is skipped. With one group of budget and no batch ever trained, the
+    worker could start nothing after its first group without that."""
+    reward = tmp_path / "one_reward.py"
+    reward.write_text("def one(**kw):\n    return 1.0\n")
+    cfg = load_config(["agent=single_turn", "trainer=sync", "trainer.batch_groups=1", "algorithm.n_samples=2",
+                       "algorithm.dynamic_sampling=true", f"env.reward.path={reward}", "env.reward.name=one",
+                       f"trainer.output_dir={tmp_path}"])
+    svc = BufferService(BufferConfig(curve="off"), tmp_path / "wal", cfg.algorithm.max_staleness, uniform_limit=100)
+    svc.start()
+    consumer = BufferConsumer(svc.address)
+    engine = ScriptedEngine(tokenizer, ["The answer is 4."] * 64)
+    worker = _worker(cfg, tokenizer, engine, svc.address, tmp_path)
+    run = asyncio.create_task(worker.run())
+    reported: list[tuple[str, str]] = []
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 90
+        while worker.counts["groups_started"] < 4 or len(reported) < 3:
+            await controller_round(svc, consumer, worker, reported)
+            assert not run.done(), run
+            assert loop.time() < deadline, f"no 4th group started; reported so far: {reported}"
+            await asyncio.sleep(0.1)
+        st = worker.state()
+    finally:
+        await stop(worker, run, consumer, svc)
+    assert reported[:3] == [(f"{RUN}-g{p}", "uniform") for p in range(3)]
+    pos = st.position
+    assert pos.prompts_skipped == 0 and pos.waiting_positions == [] and st.prompts_reissued == 0
+    assert st.groups_filtered == st.groups_dropped == len(reported) and pos.returned_groups == len(reported)
+    prompts = [ids for ids, _ in engine.calls]
+    assert len({tuple(p) for p in prompts[:8]}) == 4  # g0..g3: two samples each of four different prompts
+    again = _worker(cfg, tokenizer, engine, svc.address, tmp_path, position=pos)  # a repeated report: ignored
+    assert (await again.groups_dropped([f"{RUN}-g0"], [f"{RUN}-g0"])).position == pos
+    await again.producer.close()

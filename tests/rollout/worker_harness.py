@@ -16,8 +16,8 @@ async def controller_round(svc: BufferService, consumer: BufferConsumer, worker:
     await asyncio.to_thread(consumer.set_version, 0)
     taken = svc.take_dropped()
     reported.extend(taken)
-    if taken:
-        await worker.groups_dropped([gid for gid, _ in taken])
+    if taken:  # as Fleet.route_dropped: the groups dynamic sampling closed are named apart
+        await worker.groups_dropped([gid for gid, _ in taken], [gid for gid, why in taken if why == "uniform"])
 
 
 async def stop(worker: RolloutWorker, run: asyncio.Task, consumer: BufferConsumer, svc: BufferService) -> None:
