@@ -409,6 +409,8 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, ver
         waiting()
 
     def waiting() -> None:
+        if fleet.step >= t.total_steps:  # the last step is trained: no batch is awaited ("step 4/3: waiting")
+            return
         metrics.status(waiting_line(fleet.step + 1, t.total_steps, t.batch_groups, fleet.buffer_stats(),
                                     fleet.worker_states()))
 

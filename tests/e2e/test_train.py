@@ -542,6 +542,7 @@ def test_sync_baseline_of_an_openai_client_agent_with_curve_on_trains_and_writes
     for needle in ("starting the replay buffer |", "launching 1 engine(s)", "rollout worker(s) |",
                    "step 1/3: waiting for a batch: ", "step 1/3 | ", "| eta ", "; upload it with: wandb sync "):
         assert needle in log, (needle, log[-3000:])
+    assert "step 4/3" not in log, log[-3000:]  # no wait announced for a step past the last
     recs = _check_run(out, 3, max_staleness=0)  # checkpoint, final model, trajectories, uids: all scanned below
     assert all(r["train/staleness_max"] == 0 for r in recs)
     for r in recs:  # every trained episode went through the proxy: one chain of >= 1 call
