@@ -373,9 +373,7 @@ class BufferState:
                 raise ValueError(f"WAL SERVE record of batch {rec.batch_id} names members of group {sg.group_id!r} "
                                  f"that are not held: {sorted(set(sg.uids) - set(members))}")
             for e in entries:
-                self.held.pop(e.uid, None)
-                self.size -= 1
-                self.nbytes -= len(e.raw)
+                self._release(e)
             self.closed.add(sg.group_id)
             out.append((sg, entries))
         self.next_batch_id = max(self.next_batch_id, rec.batch_id + 1)
@@ -438,9 +436,7 @@ class BufferState:
                 return
             del self.groups[g.group_id]
             for e in g.members.values():
-                self.held.pop(e.uid, None)
-                self.size -= 1
-                self.nbytes -= len(e.raw)
+                self._release(e)
             self.closed.add(g.group_id)
             self.uniform_since_serve += bounded
             self.record_dropped(g.group_id, "uniform")
@@ -504,6 +500,12 @@ class BufferState:
         return out
 
     # ------------------------------------------------------------------ helpers
+
+    def _release(self, e: Entry) -> None:
+        """`e` leaves the pending set (served, or its group closed): no longer held, counted or sized."""
+        self.held.pop(e.uid, None)
+        self.size -= 1
+        self.nbytes -= len(e.raw)
 
     def _check_complete(self, g: PendingGroup) -> None:
         if g.complete_seq < 0 and g.is_complete():

@@ -19,7 +19,7 @@ from asyncrl.config import BufferConfig, load_config
 from asyncrl.rollout.worker import RolloutWorker
 from tests.agents.scripted_engine import ScriptedEngine
 
-from .worker_harness import controller_round, stop
+from .worker_harness import rounds_until, stop
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,15 +49,7 @@ async def test_a_dropped_group_returns_its_budget_and_is_reissued_then_skipped(t
     run = asyncio.create_task(worker.run())
     reported: list[tuple[str, str]] = []
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 90
-        while True:
-            await controller_round(svc, consumer, worker, reported)
-            if worker.counts["groups_started"] >= 4:
-                break
-            assert not run.done(), run
-            assert loop.time() < deadline, f"no 4th group started; reported so far: {reported}"
-            await asyncio.sleep(0.1)
+        await rounds_until(svc, consumer, worker, run, reported, lambda: worker.counts["groups_started"] >= 4)
         st = worker.state()
     finally:
         await stop(worker, run, consumer, svc)
@@ -101,13 +93,8 @@ async def test_a_group_of_equal_rewards_closed_by_dynamic_sampling_draws_a_fresh
     run = asyncio.create_task(worker.run())
     reported: list[tuple[str, str]] = []
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 90
-        while worker.counts["groups_started"] < 4 or len(reported) < 3:
-            await controller_round(svc, consumer, worker, reported)
-            assert not run.done(), run
-            assert loop.time() < deadline, f"no 4th group started; reported so far: {reported}"
-            await asyncio.sleep(0.1)
+        await rounds_until(svc, consumer, worker, run, reported,
+                           lambda: worker.counts["groups_started"] >= 4 and len(reported) >= 3)
         st = worker.state()
     finally:
         await stop(worker, run, consumer, svc)

@@ -20,6 +20,20 @@ async def controller_round(svc: BufferService, consumer: BufferConsumer, worker:
         await worker.groups_dropped([gid for gid, _ in taken], [gid for gid, why in taken if why == "uniform"])
 
 
+async def rounds_until(svc: BufferService, consumer: BufferConsumer, worker: RolloutWorker, run: asyncio.Task,
+                       reported: list[tuple[str, str]], done, timeout_s: float = 90) -> None:
+    """`controller_round` until `done()` holds after one; the worker's loop must keep running meanwhile."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        await controller_round(svc, consumer, worker, reported)
+        if done():
+            return
+        assert not run.done(), run
+        assert loop.time() < deadline, f"not done within {timeout_s}s; reported so far: {reported}"
+        await asyncio.sleep(0.1)
+
+
 async def stop(worker: RolloutWorker, run: asyncio.Task, consumer: BufferConsumer, svc: BufferService) -> None:
     """Stop the worker and wait for its loop, then close the consumer and the buffer service."""
     worker.stop()
