@@ -55,4 +55,5 @@ def test_bench_retract_measures_both_sides_on_a_real_engine(tiny_model_dir):
     out = retract.run(parser.parse_args(["--requests", "2", "--context", "12", "--decode", "2", "--rounds", "1",
                                          "--model-path", str(tiny_model_dir)]))
     assert out["reprefill_s_all"] and out["decode_s_all"] and out["reprefill_in_decode_steps"] > 0
-    assert out["reprefill_tok_s"] > 0 and out["decode_step_s"] > 0
+    # the decode step is a difference of medians: on the tiny model it is noise and may round to 0
+    assert out["reprefill_tok_s"] > 0 and out["decode_step_s"] >= 0 and min(out["decode_s_all"]) > 0
