@@ -883,8 +883,8 @@ class Config:
     plugins: list[str] = setting(factory=list, help="module paths or .py files to import")
     seed: int = setting(
         0,
-        "the run's seed: the prompt order (each epoch's shuffle), "
-        "which trajectories are dumped, the warm start's SFT batches",
+        "the run's seed: the prompt order (each epoch's shuffle), every episode's sampling seed "
+        "(asyncrl/util/seeds.py), which trajectories are dumped, the warm start's SFT batches",
     )
 
     def __post_init__(self) -> None:

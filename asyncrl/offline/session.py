@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -29,6 +28,7 @@ from asyncrl.offline.checkpoints import ModelSource
 from asyncrl.sandbox.runner import hide_job_paths
 from asyncrl.util.cpus import available_cpus
 from asyncrl.util.net import free_port
+from asyncrl.util.seeds import derive_seed
 
 
 class OfflineError(Exception):
@@ -36,9 +36,8 @@ class OfflineError(Exception):
 
 
 def episode_seed(seed: int, data_index: int, sample_index: int) -> int:
-    """A sampling seed in [0, 2**56) fixed by the three numbers (the same for every checkpoint)."""
-    digest = hashlib.blake2b(f"{seed}:{data_index}:{sample_index}".encode(), digest_size=7).digest()
-    return int.from_bytes(digest, "big")
+    """A sampling seed fixed by the three numbers (the same for every checkpoint: asyncrl/util/seeds.py)."""
+    return derive_seed(seed, data_index, sample_index)
 
 
 def compose_config(source: ModelSource, overrides: list[str]) -> Config:

@@ -7,7 +7,9 @@ there before it counts as done. Three bounds apply:
   - concurrent episodes (`trainer.episodes_per_worker`);
   - concurrent *generation requests* (`trainer.max_inflight_generations`, `BoundedGenerator`), so
     an episode that waits on a slow tool holds no engine slot.
-An episode that fails (agent bug, bad reply) is retried a few times, then reported to the
+Every episode samples with a seed fixed by the run's seed, its prompt's position and issue, and its
+index in the group (asyncrl/util/seeds.py), so two runs that draw the same prompts sample alike. An
+episode that fails (agent bug, bad reply) is retried a few times, each with a fresh seed, then reported to the
 buffer as failed so its group completes with its real size. While its engine is unreachable
 (the controller is restarting it) the episode waits, up to engine.launch_timeout_s, without
 using up those attempts. Failed episodes are counted by error text (bounded) and kept in a window
@@ -30,6 +32,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -48,6 +51,7 @@ from asyncrl.rollout.prompts import PromptDraw, PromptSource
 from asyncrl.rollout.reward_model import GenerativeJudge, RewardModel, RewardModelError
 from asyncrl.rollout.trajectory_log import TrajectoryLog
 from asyncrl.util.memory import rss_gb
+from asyncrl.util.seeds import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -231,8 +235,9 @@ class RolloutWorker:
         if draw.error:  # a bad row (asyncrl/data/dataset.py validates it when drawn): its episodes fail, not the run
             await self._fail_group(draw, DataError(draw.error), n)
             return
-        samples = [Sample.from_row(draw.row, data_index=draw.data_index, group_id=draw.group_id,
-                                   sample_index=k, group_size=n) for k in range(n)]
+        samples = [replace(Sample.from_row(draw.row, data_index=draw.data_index, group_id=draw.group_id,
+                                           sample_index=k, group_size=n),
+                           sampling_seed=derive_seed(self.cfg.seed, draw.position, draw.retry, k)) for k in range(n)]
         await asyncio.gather(*(self._run_episode(s) for s in samples))
         if self.inflight.get(draw.position) is draw:  # not already taken out by a drop report
             del self.inflight[draw.position]
@@ -256,7 +261,7 @@ class RolloutWorker:
         from asyncrl.agents.base import run_episode_chains
 
         async with self._episodes:
-            attempt, outage_s, error = 0, 0.0, None
+            attempt, outage_s, error, first_seed = 0, 0.0, None, sample.sampling_seed
             while attempt < self.EPISODE_ATTEMPTS:
                 try:
                     chains = await run_episode_chains(sample, self.ctx, self.cfg.agent.name)
@@ -280,6 +285,8 @@ class RolloutWorker:
                     attempt += 1
                     log.warning("episode %s attempt %d failed: %r", sample.uid, attempt, e)
                     await asyncio.sleep(min(2.0 * attempt, 10.0))
+                    if attempt < self.EPISODE_ATTEMPTS:  # the retry draws afresh (asyncrl/util/seeds.py)
+                        sample = replace(sample, sampling_seed=derive_seed(first_seed, attempt))
             else:
                 await self._episode_failed(sample, error)
                 return
