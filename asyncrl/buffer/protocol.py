@@ -146,7 +146,11 @@ def batch_frames(batch_id: int, groups) -> list:
 
 
 def decode_batch(frames: list) -> Batch:
-    """Inverse of `batch_frames`: an `asyncrl.data.schema.Batch` (raises ValueError on a bad reply)."""
+    """Inverse of `batch_frames`: an `asyncrl.data.schema.Batch` (raises ValueError on a bad reply), in its
+    canonical order: groups by group id, each group's members by (sample index, uid). The buffer serves
+    groups in completion order and stores members in arrival order, both set by timing; the learner's
+    step (packing, sums, advantages) follows the batch's order, so this makes it depend only on which
+    trajectories the batch holds: two runs that train the same trajectories compute the same bits."""
     if len(frames) != 2:
         raise ValueError(f"BATCH reply needs [header, blob], got {len(frames)} frames")
     h = unpack(frames[0], BatchHeader)
@@ -161,9 +165,10 @@ def decode_batch(frames: list) -> Batch:
         pos += n
     groups, i = [], 0
     for gid, expected, failed, n in h.groups:
-        groups.append(Group(group_id=gid, expected=expected, failed=failed, trajectories=trajs[i:i + n]))
+        members = sorted(trajs[i:i + n], key=lambda t: (t.sample_index, t.uid))
+        groups.append(Group(group_id=gid, expected=expected, failed=failed, trajectories=members))
         i += n
-    return Batch(batch_id=h.batch_id, groups=groups)
+    return Batch(batch_id=h.batch_id, groups=sorted(groups, key=lambda g: g.group_id))
 
 
 _enc = msgspec.msgpack.Encoder()

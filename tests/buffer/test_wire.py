@@ -49,3 +49,21 @@ def test_batch_header_and_frame_count_must_agree():
         decode_batch([frames[0], frames[1] + b"x"])
     with pytest.raises(ValueError, match="needs \\[header, blob\\]"):
         decode_batch(frames + [frames[1]])
+
+
+def test_a_batch_decodes_in_one_order_whatever_order_it_was_served_in():
+    """Groups come out by group id and members by (sample index, uid), however the buffer ordered them
+    (completion order, arrival order: timing), so the learner's step sees the same batch in every run."""
+    def member(uid, gid, k, chain=0):
+        t = traj(f"{uid}c{chain}" if chain else uid, gid, group_size=2)
+        t.sample_index, t.reward = k, float(k)
+        return decode_put(encode(t))
+
+    g1 = [member("g1-1", "g1", 1), member("g1-0", "g1", 0), member("g1-1", "g1", 1, chain=1)]
+    g2 = [member("g2-1", "g2", 1), member("g2-0", "g2", 0)]
+    served = [(ServedGroup("g2", 2, 0, [e.uid for e in g2]), g2), (ServedGroup("g1", 2, 0, [e.uid for e in g1]), g1)]
+    b = decode_batch(batch_frames(3, served))
+    assert [g.group_id for g in b.groups] == ["g1", "g2"]
+    assert [t.uid for t in b.trajectories()] == ["g1-0", "g1-1", "g1-1c1", "g2-0", "g2-1"]
+    flipped = [(sg, list(reversed(es))) for sg, es in reversed(served)]
+    assert encode(decode_batch(batch_frames(3, flipped))) == encode(b)
