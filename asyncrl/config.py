@@ -369,9 +369,12 @@ class EnvConfig:
     )
     tools: list[ToolSpec] = setting(
         factory=list,
-        help="tools inline, in verl's shape (class_name, config, tool_schema); listed before tools_config's",
+        help="tools inline, in verl's shape (class_name, config, tool_schema); listed before tools_config's. "
+             "The env preset's list yields to env.tools_config; one given in an override is kept",
     )
-    tools_config: Optional[str] = setting(None, "a verl tool YAML file: {tools: [...]}")
+    tools_config: Optional[str] = setting(
+        None, "a verl tool YAML file ({tools: [...]}): the whole tool set, as in verl (the env preset's tools "
+        "are dropped)")
     interactions: list[InteractionSpec] = setting(
         factory=list,
         help="simulated users rows can select by name "
@@ -1082,4 +1085,18 @@ def _section_fields(head: str, key: str) -> Optional[list[str]]:
 
 def load_config(overrides: list[str] | None = None) -> Config:
     """Compose, resolve and validate the configuration. Raises ConfigError with a precise message."""
-    return from_dict(Config, compose(overrides))
+    return from_dict(Config, tool_yaml_is_the_tool_set(compose(overrides), overrides or []))
+
+
+def tool_yaml_is_the_tool_set(tree: dict, overrides: list[str]) -> dict:
+    """With `env.tools_config` set, the YAML is the whole tool set, as in verl: the env preset's own
+    `env.tools` (configs/env/*.yaml: env=gsm8k's calculator, env=search_r1's search) are dropped, so a verl
+    YAML loads unchanged instead of colliding with them or adding a tool the user never configured.
+    `env.tools` given in an override as well is the user's own choice: both load, inline first."""
+    env = tree.get("env")
+    if not isinstance(env, dict) or not env.get("tools_config"):
+        return tree
+    keys = {ov.lstrip("+~").split("=", 1)[0] for ov in overrides}
+    if not any(k == "env.tools" or k.startswith(("env.tools.", "env.tools[")) for k in keys):
+        env["tools"] = []
+    return tree

@@ -30,7 +30,7 @@ from asyncrl import registry
 from asyncrl.config import AgentConfig, RewardConfig, ToolSpec
 from asyncrl.data.schema import Trajectory
 from asyncrl.engine.base import GenerateResult, Generator, SamplingParams
-from asyncrl.envs.base import Sample, checked_reward, resolve_reward_fn, score
+from asyncrl.envs.base import Deferred, Sample, checked_reward, resolve_reward_fn, score
 from asyncrl.tools.loader import load_tool_specs, make_tools
 
 from .chat import ChatFormat
@@ -185,9 +185,11 @@ class Episode:
 
     async def finish(self, final_text: str) -> Trajectory:
         s, ctx = self.sample, self.ctx
+        response = list(self.builder.response_ids)
         reward, extra = await score(ctx.reward_fn, final_text=final_text, ground_truth=s.ground_truth,
                                     extra_info=s.extra_info, tool_rewards=list(self.tool_rewards),
-                                    turn_rewards=list(self.turn_rewards))
+                                    turn_rewards=list(self.turn_rewards), data_source=s.data_source,
+                                    solution_str=Deferred(lambda: ctx.tokenizer.decode(response, skip_special_tokens=True)))
         name = getattr(ctx.reward_fn, "__qualname__", None) or type(ctx.reward_fn).__qualname__
         reward = checked_reward(reward, ctx.reward_max_abs, f"reward function {name} (for {s.uid})")
         metrics = {k: float(v) for k, v in self.metrics.items()}

@@ -194,7 +194,8 @@ class OpenAIAgent(AgentLoop):
         else:
             last = s.records[-1]
             reward, extra = await score(ctx.reward_fn, final_text=last.text, ground_truth=sample.ground_truth,
-                                        extra_info=sample.extra_info, tool_rewards=[], turn_rewards=[])
+                                        extra_info=sample.extra_info, tool_rewards=[], turn_rewards=[],
+                                        data_source=sample.data_source, solution_str=last.text)
             source = "env"
         reward = checked_reward(reward, ctx.reward_max_abs, f"openai_agent: the reward ({source}, for {sample.uid})")
         built = s.trajectories(uid=sample.uid, episode_reward=reward, discount=ctx.cfg.openai.turn_discount,

@@ -6,6 +6,13 @@ and an optional `agent_name`. `Sample` is one such row prepared for one episode 
 
 An env plugin (`@register("env", name)`) is a subclass of `Env`: it builds datasets and scores
 final answers. A custom reward (`env.reward.path=file.py env.reward.name=fn`) replaces the env's.
+
+A reward function is called with the keyword arguments it names (`reward_arguments`), from asyncrl's
+(`final_text`: the last assistant message; `ground_truth`, `extra_info`, `tool_rewards`, `turn_rewards`)
+and verl's (`compute_score(data_source, solution_str, ground_truth, extra_info)`, where `solution_str`
+is the whole response decoded as verl's reward manager does, tool replies included; the OpenAI-client
+agent's is its last completion's text), so a verl reward file loads unchanged; one that takes `**kwargs`
+gets asyncrl's five, as before.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -120,9 +128,42 @@ class Env:
         return contextlib.nullcontext({})
 
 
+ASYNCRL_REWARD_ARGS = ("final_text", "ground_truth", "extra_info", "tool_rewards", "turn_rewards")
+VERL_REWARD_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+def reward_arguments(reward_fn: Any) -> tuple[str, ...]:
+    """The keyword arguments `reward_fn` is called with (module docstring); a TypeError naming the function
+    and the parameter when it requires one that no caller gives (checked by the preflight)."""
+    try:
+        params = inspect.signature(reward_fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: asyncrl's names
+        return ASYNCRL_REWARD_ARGS
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return ASYNCRL_REWARD_ARGS
+    known = set(ASYNCRL_REWARD_ARGS) | set(VERL_REWARD_ARGS)
+    for p in params:
+        required = p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        if required and (p.name not in known or p.kind is p.POSITIONAL_ONLY):
+            name = getattr(reward_fn, "__qualname__", None) or type(reward_fn).__qualname__
+            raise TypeError(f"reward function {name} requires {p.name!r}, which no caller gives: a reward is called "
+                            f"with keywords among {', '.join(sorted(known))} (asyncrl's and verl's names)")
+    return tuple(p.name for p in params if p.name in known and p.kind is not p.POSITIONAL_ONLY)
+
+
+@dataclass
+class Deferred:
+    """An argument computed only for a reward function that takes it (`solution_str`'s decoding)."""
+
+    make: Callable[[], Any]
+
+
 async def score(reward_fn: Any, **kwargs: Any) -> tuple[float, dict[str, float]]:
-    """Call a sync or async reward function; return (score, extra numeric metrics)."""
-    result = reward_fn(**kwargs)
+    """Call a sync or async reward function with the arguments it takes (`reward_arguments`) from
+    `kwargs` (a `Deferred` value is computed then); return (score, extra numeric metrics)."""
+    wanted = reward_arguments(reward_fn)
+    args = {k: (v.make() if isinstance(v, Deferred) else v) for k, v in kwargs.items() if k in wanted}
+    result = reward_fn(**args)
     if inspect.isawaitable(result):
         result = await result
     if isinstance(result, dict):
@@ -164,10 +205,13 @@ def resolve_reward_fn(env_cfg: Any) -> Any:
     if r.path:
         if not r.name:
             raise ValueError(f"env.reward.path={r.path!r} needs env.reward.name (the function in that file)")
-        return registry.resolve_object(f"{r.path}:{r.name}")
-    if r.name:
-        return registry.get("reward", r.name)
-    return resolve_env(env_cfg.name).reward
+        fn = registry.resolve_object(f"{r.path}:{r.name}")
+    elif r.name:
+        fn = registry.get("reward", r.name)
+    else:
+        return resolve_env(env_cfg.name).reward
+    reward_arguments(fn)  # one it cannot be called with fails here, in the preflight
+    return fn
 
 
 def load_rows(cfg: Any, env: Env, split: str) -> Dataset:

@@ -166,3 +166,112 @@ async def test_answer_feedback_counts_attempts():
     await it.finish("i")
     await it.start("j", ground_truth="17")
     assert (await it.respond("j", [{"role": "assistant", "content": "It is 17"}]))[:3] == (True, "Correct.", 1.0)
+
+
+VERL_STYLE_YAML = """\
+tools:
+  - class_name: "{cls}"
+    config:
+      type: native
+    tool_schema:
+      type: "function"
+      function:
+        name: "{name}"
+        description: "{name}, as the user's own YAML names it"
+        parameters:
+          type: "object"
+          properties:
+            expression:
+              type: "string"
+              description: "what to evaluate"
+          required: ["expression"]
+"""
+
+
+@pytest.mark.parametrize("env,preset", [("gsm8k", "calculator"), ("search_r1", "search"), ("arithmetic", "calculator")])
+def test_a_tool_yaml_is_the_whole_tool_set_as_in_verl(tmp_path, env, preset):
+    """verl's tool YAML is the whole tool set: with it the env preset's tools are dropped. (Before, a YAML
+    naming its tool as the preset does failed with 'duplicate tool name', and one naming it otherwise gave
+    the model the preset's tool too.)"""
+    same = tmp_path / "same.yaml"
+    same.write_text(VERL_STYLE_YAML.format(cls="calculator", name=preset))
+    other = tmp_path / "other.yaml"
+    other.write_text(VERL_STYLE_YAML.format(cls="calculator", name="calc_gsm8k_reward"))
+    base = [f"env={env}", "env.train_file=x.parquet"]
+    assert [s.tool_schema["function"]["name"] for s in load_tool_specs(load_config(base).env.tools)] == [preset]
+    for yaml, names in ((same, [preset]), (other, ["calc_gsm8k_reward"])):
+        cfg = load_config([*base, f"env.tools_config={yaml}"])
+        assert cfg.env.tools == []
+        assert [s.tool_schema["function"]["name"] for s in load_tool_specs(cfg.env.tools, cfg.env.tools_config)] == names
+    # inline tools the user gives beside the YAML are theirs: both load, inline first (a clash is still named)
+    for inline in ("env.tools=[{class_name: python}]", "++env.tools=[{class_name: python}]"):
+        cfg = load_config([*base, f"env.tools_config={other}", inline])
+        names = [s.tool_schema["function"]["name"] for s in load_tool_specs(cfg.env.tools, cfg.env.tools_config)]
+        assert names == ["python", "calc_gsm8k_reward"], (inline, names)
+    cfg = load_config([*base, f"env.tools_config={same}", f"env.tools=[{{class_name: {preset}}}]"])
+    with pytest.raises(ToolConfigError, match=f"duplicate tool name '{preset}'"):
+        load_tool_specs(cfg.env.tools, cfg.env.tools_config)
+
+
+VERL_REWARD = '''\
+calls = []
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """verl's signature (verl/utils/reward_score), as a verl user's reward file writes it."""
+    calls.append(dict(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
+                      extra_info=extra_info))
+    return 1.0 if solution_str.strip().endswith(str(ground_truth)) else 0.0
+
+
+def takes_everything(**kw):
+    calls.append(sorted(kw))
+    return 0.5
+
+
+def needs_a_model(solution_str, model):
+    return 0.0
+
+
+def positional_only(final_text, /):
+    return 0.0
+'''
+
+
+async def test_a_verl_reward_file_loads_unchanged_and_gets_verls_arguments(tokenizer, tmp_path, plugin_registry):
+    """A reward function is called with the arguments it names, asyncrl's or verl's: verl's
+    `compute_score(data_source, solution_str, ground_truth, extra_info)` gets the whole response decoded as
+    verl's reward manager decodes it (tool replies included); `**kw` gets asyncrl's five, as before; one
+    that needs an argument no caller gives is refused where the reward is resolved (the preflight), naming it."""
+    from asyncrl.envs.base import resolve_reward_fn
+    from asyncrl.run.preflight import check_env
+
+    path = tmp_path / "verl_reward.py"
+    path.write_text(VERL_REWARD)
+    cfg = load_config([f"env.reward.path={path}", "env.reward.name=compute_score"])
+    fn = resolve_reward_fn(cfg.env)
+    module = __import__("sys").modules[fn.__module__]
+    engine = ScriptedEngine(tokenizer, [call("calculator", {"expression": "3*4+5"}), "It is 17"])
+    ctx, _ = make_ctx(tokenizer, engine)
+    ctx.reward_fn = fn
+    sample = make_sample(ground_truth="17", extra_info={"split": "train"})
+    sample.data_source = "openai/gsm8k"
+    traj = await run_episode(sample, ctx, "tool_agent")
+    assert traj.reward == 1.0
+    (got,) = module.calls
+    assert got["data_source"] == "openai/gsm8k" and got["ground_truth"] == "17" and got["extra_info"] == {"split": "train"}
+    assert got["solution_str"] == tokenizer.decode(traj.response_ids.numpy().tolist(), skip_special_tokens=True)
+    assert "17" in got["solution_str"].split("It is")[0]  # the tool's reply is in it, as in verl
+
+    ctx.reward_fn = module.takes_everything
+    module.calls.clear()
+    engine.script.append(enc(tokenizer, "Answer: 17"))
+    assert (await run_episode(sample, ctx, "tool_agent")).reward == 0.5
+    assert module.calls == [["extra_info", "final_text", "ground_truth", "tool_rewards", "turn_rewards"]]
+
+    for name, needed in (("needs_a_model", "'model'"), ("positional_only", "'final_text'")):
+        bad = load_config([f"env.reward.path={path}", f"env.reward.name={name}"])
+        with pytest.raises(TypeError, match=f"reward function {name} requires {needed}, which no caller gives"):
+            resolve_reward_fn(bad.env)
+        _, problems = check_env(bad)
+        assert len(problems) == 1 and problems[0].startswith("env.reward: ") and f"requires {needed}" in problems[0]
