@@ -5,6 +5,8 @@
         config: {type: native, ...}                                               # passed to the tool
         tool_schema: {type: function, function: {name, description, parameters}} # optional for built-ins
 
+verl's own classes (`verl.tools.gsm8k_tool.Gsm8kTool`, `verl.tools.search_tool.SearchTool`) name the asyncrl
+tools that do the same (`VERL_TOOL_CLASSES`), so verl's example YAMLs load as they are.
 `load_tool_specs(cfg.env.tools, cfg.env.tools_config)` merges the inline list with the YAML file's
 `tools:` list, resolves every class (so a typo fails before any episode starts), fills a missing
 `tool_schema` from the class's default, and rejects duplicate tool names. `make_tools(specs,
@@ -30,10 +32,22 @@ class ToolConfigError(ValueError):
     """A tool entry that cannot be loaded (unknown class, bad schema, duplicate name)."""
 
 
+# verl's own tool classes, as verl's YAMLs name them -> the asyncrl tool that does what they do. verl's
+# classes are written against verl's tool interface (a JSON string of parameters, verl's ToolResponse), so
+# the name maps whether or not verl is installed.
+VERL_TOOL_CLASSES = {
+    "verl.tools.gsm8k_tool.Gsm8kTool": "gsm8k_reward",
+    "verl.workers.tool.gsm8k_tool.Gsm8kTool": "gsm8k_reward",  # its path in older verl releases' YAMLs
+    "verl.tools.search_tool.SearchTool": "search",
+}
+
+
 def resolve_tool_class(class_name: str) -> Any:
-    """A registered tool name, or a `module.Class` / `module:Class` / `file.py:Class` path."""
+    """A registered tool name, one of verl's classes (`VERL_TOOL_CLASSES`), or a `module.Class` /
+    `module:Class` / `file.py:Class` path."""
     if not class_name:
         raise ToolConfigError("tool entry has an empty class_name")
+    class_name = VERL_TOOL_CLASSES.get(class_name, class_name)
     if "." not in class_name and ":" not in class_name and "/" not in class_name:
         return registry.get("tool", class_name)
     return registry.resolve_object(class_name)

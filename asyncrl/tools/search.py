@@ -4,8 +4,9 @@
     ->   {"result": [[{"document": {"id": ..., "contents": ...}, "score": ...}, ...], ...]}
 
 Config: `url` (required; usually filled at run time from the env's retrieval server through
-AgentContext.tool_overrides), `topk` (3), `timeout_s` (10), `max_retries` (2: connection errors and
-5xx replies are retried with 0.2 s * 2^attempt backoff). The model's call is {"query": str} (or
+AgentContext.tool_overrides; verl's `retrieval_service_url` too), `topk` (3), `timeout_s` (10; verl's
+`default_timeout` too), `max_retries` (2: connection errors and 5xx replies are retried with 0.2 s *
+2^attempt backoff). verl's `num_workers`, `rate_limit` and `enable_global_rate_limit` are accepted and unused. The model's call is {"query": str} (or
 {"query_list": [str, ...]}, verl's shape). Hits are formatted as numbered passages:
 "Doc 1 (score 0.83): <contents>", one block per query when several are asked.
 """
@@ -57,7 +58,7 @@ class SearchTool(Tool):
         return url if url.endswith("/retrieve") else url + "/retrieve"
 
     async def retrieve(self, queries: list[str]) -> list[list[dict[str, Any]]]:
-        timeout = float(self.config.get("timeout_s", 10.0))
+        timeout = float(self.config.get("timeout_s", self.config.get("default_timeout", 10.0)))  # verl's name
         retries = int(self.config.get("max_retries", 2))
         body = {"queries": queries, "topk": int(self.config.get("topk", 3)), "return_scores": True}
         if self._client is None:

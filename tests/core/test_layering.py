@@ -30,7 +30,8 @@ LAYERS: list[tuple[str, ...]] = [
     (  # the built-in plugins, and the rollout side that runs them
         "asyncrl.agents.builtin", "asyncrl.agents.single_turn", "asyncrl.agents.tool_agent", "asyncrl.agents.react",
         "asyncrl.agents.openai_agent", "asyncrl.agents.parsers",
-        "asyncrl.tools.builtin", "asyncrl.tools.calculator", "asyncrl.tools.python", "asyncrl.tools.search",
+        "asyncrl.tools.builtin", "asyncrl.tools.calculator", "asyncrl.tools.gsm8k_reward", "asyncrl.tools.python",
+        "asyncrl.tools.search",
         "asyncrl.envs.builtin", "asyncrl.envs.arithmetic", "asyncrl.envs.gsm8k", "asyncrl.envs.interactions",
         "asyncrl.envs.rewards", "asyncrl.envs.search_r1",
         "asyncrl.rollout",
