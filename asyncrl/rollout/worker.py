@@ -284,8 +284,8 @@ class RolloutWorker:
                         continue
                     attempt += 1
                     log.warning("episode %s attempt %d failed: %r", sample.uid, attempt, e)
-                    await asyncio.sleep(min(2.0 * attempt, 10.0))
-                    if attempt < self.EPISODE_ATTEMPTS:  # the retry draws afresh (asyncrl/util/seeds.py)
+                    if attempt < self.EPISODE_ATTEMPTS:  # a pause, then a retry that draws afresh (util/seeds.py)
+                        await asyncio.sleep(min(2.0 * attempt, 10.0))
                         sample = replace(sample, sampling_seed=derive_seed(first_seed, attempt))
             else:
                 await self._episode_failed(sample, error)
