@@ -73,7 +73,7 @@ def test_range_checks_at_load_time():
 def test_unknown_group_option_lists_the_groups_options():
     with pytest.raises(ConfigError) as e:
         load_config(["env=nonexistent"])
-    assert str(e.value) == "env=nonexistent: no such option in config group 'env'; available: arithmetic, gsm8k, search_r1"
+    assert str(e.value) == "env=nonexistent: no such option in config group 'env'; available: arithmetic, gsm8k, reasoning_gym, search_r1"
     with pytest.raises(ConfigError) as e:
         load_config(["agent=reactt", "trainer.total_steps=3"])
     assert str(e.value) == ("agent=reactt: no such option in config group 'agent' (did you mean 'react'?); "

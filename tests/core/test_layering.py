@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
         "asyncrl.tools.builtin", "asyncrl.tools.calculator", "asyncrl.tools.gsm8k_reward", "asyncrl.tools.python",
         "asyncrl.tools.search",
         "asyncrl.envs.builtin", "asyncrl.envs.arithmetic", "asyncrl.envs.gsm8k", "asyncrl.envs.interactions",
+        "asyncrl.envs.reasoning_gym",
         "asyncrl.envs.rewards", "asyncrl.envs.search_r1",
         "asyncrl.rollout",
     ),

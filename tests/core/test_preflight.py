@@ -222,7 +222,7 @@ def test_evaluation_rows_are_checked_when_evaluation_is_on(tmp_path, tiny_model_
 
 MISTAKES = {  # override(s) -> a fragment of the one stderr line
     "env_option": (["env=nonexistent"], "env=nonexistent: no such option in config group 'env'; "
-                                        "available: arithmetic, gsm8k, search_r1"),
+                                        "available: arithmetic, gsm8k, reasoning_gym, search_r1"),
     "agent_option": (["agent=reactt"], "agent=reactt: no such option in config group 'agent' (did you mean 'react'?)"),
     "custom_model_without_path": (["model=custom", "model.path=null"],
                                   "model=custom needs model.path (a local Hugging Face checkpoint directory)"),

@@ -57,7 +57,8 @@ def test_sweeps_expand_like_hydras_basic_sweeper():
     combos = expand_sweep(["algorithm.lr=1e-6,2e-6", "trainer.total_steps=3", "seed=range(0,3)"], group_options)
     assert combos[0] == ["algorithm.lr=1e-06", "trainer.total_steps=3", "seed=0"]
     assert len(combos) == 6 and combos[-1] == ["algorithm.lr=2e-06", "trainer.total_steps=3", "seed=2"]
-    assert expand_sweep(["env=glob(*,exclude=gsm8k)"], group_options) == [["env=arithmetic"], ["env=search_r1"]]
+    assert expand_sweep(["env=glob(*,exclude=gsm8k)"], group_options) == [["env=arithmetic"], ["env=reasoning_gym"],
+                                                                          ["env=search_r1"]]
     assert expand_sweep(["agent=choice(react,single_turn)"], group_options) == [["agent=react"], ["agent=single_turn"]]
     with pytest.raises(TrainArgsError, match="interval\\(\\) is a search space"):
         expand_sweep(["algorithm.lr=interval(0,1)"], group_options)
@@ -95,7 +96,7 @@ def test_every_listed_key_has_a_default_and_a_description_from_config_py():
 def test_train_help_and_version_print_what_they_promise():
     h = _cli("train", "--help")
     assert h.returncode == 0, h.stderr
-    assert "env        arithmetic, gsm8k, search_r1" in h.stdout
+    assert "env        arithmetic, gsm8k, reasoning_gym, search_r1" in h.stdout
     assert "algorithm.lr" in h.stdout and "AdamW learning rate of the policy" in h.stdout
     assert "asyncrl train -m" in h.stdout
     v = _cli("--version")

@@ -24,7 +24,8 @@ def test_a_two_point_sweep_over_the_algorithm_group_runs_grpo_and_ppo_in_their_o
     its own: algorithm.critic.placement=separate), both with LoRA adapters (model.lora.rank=4), each trained
     end to end in its own dir with a discriminative reward model (a tiny
     sequence-classification model built here, on its own Ray worker) scoring every episode before the
-    buffer; the PPO run logs its critic's metrics."""
+    buffer; the PPO run logs its critic's metrics. Both train on `env=reasoning_gym` (the optional extra's
+    tasks, generated in each rollout worker, scored by the tasks' own verifiers)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
 
     rm = tmp_path / "rm"
@@ -39,7 +40,8 @@ def test_a_two_point_sweep_over_the_algorithm_group_runs_grpo_and_ppo_in_their_o
         "algorithm.critic.placement": "separate"})
         if not o.startswith("trainer.output_dir=")]
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "asyncrl.cli", "train", "-m", f"hydra.sweep.dir={sweep}", "algorithm=grpo,ppo", *base]
+    cmd = [sys.executable, "-m", "asyncrl.cli", "train", "-m", f"hydra.sweep.dir={sweep}", "algorithm=grpo,ppo",
+           "env=reasoning_gym", *base]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     runs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
@@ -53,10 +55,12 @@ def test_a_two_point_sweep_over_the_algorithm_group_runs_grpo_and_ppo_in_their_o
         assert (run_summary["exit_code"], run_summary["worker_restarts"], run_summary["engine_restarts"]) == (0, 0, 0)
         overrides = yaml.safe_load((sweep / name / "overrides.yaml").read_text())
         assert (overrides[0], overrides[-1]) == (f"algorithm={algo}", f"trainer.output_dir='{sweep / name}'")
+        assert run_cfg["env"]["name"] == "reasoning_gym"
     for name in runs:  # every episode went through the reward model, none failed
         dumped = [json.loads(line) for f in sorted((sweep / name).glob("trajectories-w*.jsonl"))
                   for line in f.read_text().splitlines()]
         assert dumped and all(d["metrics"]["reward_model/failed"] == 0 for d in dumped), dumped[:1]
+        assert {d["env"] for d in dumped} == {"reasoning_gym"} and all("reward/formatted" in d["metrics"] for d in dumped)
         assert all(d["reward"] == pytest.approx(d["metrics"]["reward/rule"] + 0.5 * d["metrics"]["reward/model"],
                                                 abs=1e-5) for d in dumped)
     ppo = [json.loads(line) for line in (sweep / "1_algorithm=ppo" / "metrics.jsonl").read_text().splitlines()]

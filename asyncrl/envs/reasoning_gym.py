@@ -1,0 +1,202 @@
+"""env `reasoning_gym`: procedurally generated reasoning tasks from the reasoning-gym package, offline.
+
+`env=reasoning_gym` trains on the tasks listed in `env.options.datasets` (the preset's default: three tasks
+sized for a 135M model), each an entry `NAME` or `{name: NAME, weight: W, config: {...}}`, where `config`
+holds the task's own settings (its `*Config` dataclass in reasoning-gym: difficulty ranges and the like).
+Nothing is downloaded: reasoning-gym generates every row from a seed.
+
+Rows: each row draws its task by weight (seeded by env.seed and the split) and takes that task's next
+entry; the prompt asks for the answer inside `<answer>...</answer>`; the row's `data_source` is
+`reasoning_gym/<task>` (so `asyncrl eval` reports per task) and `extra_info.reasoning_gym` names the entry
+(task, config as JSON, seed, index), from which the reward regenerates it exactly. Train and val use
+different seeds and no val question appears in train.
+
+Reward: the task's own verifier, `score_answer(answer, entry)` on the text inside the reply's last
+`<answer>` tags (a float in [0, 1]); reported also as `reward/correct` (the score is 1) and
+`reward/formatted` (the reply had answer tags).
+
+The package is an optional extra (`pip install -e ".[envs]"`, which scripts/setup.sh installs); without it,
+building rows or scoring fails with that command, which the preflight reports before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import functools
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+from asyncrl.config import EnvConfig, load_config
+from asyncrl.data.rows import write_rows
+from asyncrl.envs.base import Env
+from asyncrl.registry import register
+from asyncrl.util.seeds import derive_seed
+
+PACKAGE = "reasoning-gym"
+INSTALL = 'pip install -e ".[envs]" (or pip install reasoning-gym==0.1.25)'
+DATA_SOURCE_PREFIX = "reasoning_gym/"
+SPLIT_IDS = {"train": 0, "val": 1}
+SYSTEM_PROMPT = ("Think the problem through step by step, then give only the final answer between <answer> "
+                 "and </answer> tags, for example <answer>42</answer>. Follow the format of any example the "
+                 "problem shows.")
+_ANSWER = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
+OPTIONS = ("datasets",)
+
+
+class ReasoningGymUnavailable(ImportError):
+    """The reasoning-gym package is not installed."""
+
+
+def _rg() -> Any:
+    try:
+        # lazy: the optional extra, imported only when this env is used
+        import reasoning_gym
+    except ImportError as e:
+        raise ReasoningGymUnavailable(f"env=reasoning_gym needs the {PACKAGE} package, which is not installed "
+                                      f"({e}); install it with: {INSTALL}") from None
+    return reasoning_gym
+
+
+def extract_answer(text: str) -> Optional[str]:
+    """The text inside the last <answer>...</answer> (stripped), or None."""
+    found = _ANSWER.findall(text or "")
+    return found[-1].strip() if found else None
+
+
+def task_specs(options: dict[str, Any]) -> list[tuple[str, float, dict[str, Any]]]:
+    """`env.options` -> [(task, weight, config)], each name checked against reasoning-gym's registry and each
+    config against the task's config class (a ValueError naming the entry)."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"env.options: reasoning_gym does not know {unknown}; it understands {list(OPTIONS)}")
+    entries = options.get("datasets")
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"env.options.datasets must be a non-empty list of task names or {{name, weight, config}} "
+                         f"entries, got {entries!r}")
+    registered = _registered_tasks()
+    specs = []
+    for i, entry in enumerate(entries):
+        where = f"env.options.datasets[{i}]"
+        if isinstance(entry, str):
+            entry = {"name": entry}
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise ValueError(f"{where}: expected a task name or a mapping with name, got {entry!r}")
+        extra = sorted(set(entry) - {"name", "weight", "config"})
+        if extra:
+            raise ValueError(f"{where}: unknown keys {extra}; valid: name, weight, config")
+        name, weight, config = entry["name"], entry.get("weight", 1.0), dict(entry.get("config") or {})
+        if name not in registered:
+            close = difflib.get_close_matches(name, registered, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{where}: reasoning-gym has no task {name!r}{hint}; it has {len(registered)}, "
+                             f"e.g. {', '.join(registered[:8])}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            raise ValueError(f"{where}: weight must be a number > 0, got {weight!r}")
+        if {"seed", "size"} & set(config):
+            raise ValueError(f"{where}: config must not set seed or size (env.seed, env.num_train and "
+                             "env.num_val decide them)")
+        try:
+            _dataset(name, json.dumps(config, sort_keys=True), 0, 1)
+        except Exception as e:
+            raise ValueError(f"{where}: task {name!r} refuses config {config}: {type(e).__name__}: {e}") from None
+        specs.append((name, float(weight), config))
+    return specs
+
+
+def _registered_tasks() -> list[str]:
+    _rg()
+    # lazy: the optional extra (present: _rg() checked)
+    from reasoning_gym.factory import DATASETS
+
+    return sorted(n for n in DATASETS if n != "composite")
+
+
+@functools.lru_cache(maxsize=64)
+def _dataset(name: str, config_json: str, seed: int, size: int) -> Any:
+    return _rg().create_dataset(name, seed=seed, size=size, **json.loads(config_json))
+
+
+def _entry(ref: dict[str, Any]) -> dict[str, Any]:
+    """The reasoning-gym entry a row names (extra_info.reasoning_gym), regenerated."""
+    return _dataset(ref["task"], ref["config"], int(ref["seed"]), int(ref["size"]))[int(ref["index"])]
+
+
+def generate(cfg: EnvConfig, split: str, exclude: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """`cfg.num_train` or `cfg.num_val` rows of `split`, skipping questions in `exclude`."""
+    _rg()
+    specs = task_specs(dict(cfg.options))
+    n = cfg.num_train if split == "train" else cfg.num_val
+    size = 2 * n + 64  # room for the entries skipped as val questions
+    rng = random.Random(derive_seed(cfg.seed, SPLIT_IDS[split]))
+    taken = {name: 0 for name, _, _ in specs}
+    seeds = {name: derive_seed(cfg.seed, SPLIT_IDS[split], k) % 2**32 for k, (name, _, _) in enumerate(specs)}
+    configs = {name: json.dumps(config, sort_keys=True) for name, _, config in specs}
+    rows: list[dict[str, Any]] = []
+    while len(rows) < n:
+        name = rng.choices([s[0] for s in specs], weights=[s[1] for s in specs])[0]
+        ref = {"task": name, "config": configs[name], "seed": seeds[name], "size": size, "index": taken[name]}
+        taken[name] += 1
+        if taken[name] > size:
+            raise ValueError(f"reasoning_gym task {name!r}: cannot draw {n} {split} rows whose questions are not "
+                             f"in the val split (its config allows too few distinct problems)")
+        entry = _entry(ref)
+        if entry["question"] in exclude:
+            continue
+        rows.append(to_row(entry, ref, split, len(rows)))
+    return rows
+
+
+def to_row(entry: dict[str, Any], ref: dict[str, Any], split: str, index: int) -> dict[str, Any]:
+    return {
+        "data_source": DATA_SOURCE_PREFIX + ref["task"],
+        "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": entry["question"]}],
+        "ability": "reasoning",
+        "reward_model": {"style": "rule", "ground_truth": str(entry["answer"])},
+        "extra_info": {"split": split, "index": index, "reasoning_gym": dict(ref)},
+    }
+
+
+def score(final_text: str, extra_info: dict[str, Any]) -> dict[str, float]:
+    """The task's own verifier on the last <answer> of the reply."""
+    ref = (extra_info or {}).get("reasoning_gym")
+    if not isinstance(ref, dict):
+        raise ValueError("a reasoning_gym row needs extra_info.reasoning_gym (the entry it was generated from)")
+    answer = extract_answer(final_text)
+    value = float(_dataset(ref["task"], ref["config"], int(ref["seed"]), int(ref["size"])).score_answer(answer, _entry(ref)))
+    return {"score": value, "correct": float(value == 1.0), "formatted": float(answer is not None)}
+
+
+@register("env", "reasoning_gym")
+class ReasoningGymEnv(Env):
+    """reasoning-gym's procedurally generated tasks (asyncrl data reasoning_gym --out DIR)."""
+
+    name = "reasoning_gym"
+
+    def build(self, cfg: EnvConfig, split: str) -> list[dict[str, Any]]:
+        if split not in SPLIT_IDS:
+            raise ValueError(f"reasoning_gym: unknown split {split!r}; expected train or val")
+        val = generate(cfg, "val")
+        if split == "val":
+            return val
+        return generate(cfg, "train", exclude=frozenset(r["prompt"][-1]["content"] for r in val))
+
+    def reward(self, *, final_text: str, ground_truth: Any, extra_info: dict[str, Any],
+               tool_rewards: list[float], turn_rewards: list[float]) -> dict[str, float]:
+        return score(final_text, extra_info)
+
+    @staticmethod
+    def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--out", required=True, help="directory for train.parquet and val.parquet")
+        parser.add_argument("overrides", nargs="*", help="config overrides (env.options.datasets=..., env.num_train=N)")
+
+    def data_command(self, args: argparse.Namespace) -> int:
+        cfg = load_config(["env=reasoning_gym", *args.overrides])
+        out = Path(args.out)
+        for split in ("train", "val"):
+            path = write_rows(self.build(cfg.env, split), out / f"{split}.parquet")
+            print(f"wrote {path}")
+        return 0

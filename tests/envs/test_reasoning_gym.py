@@ -1,0 +1,97 @@
+"""env `reasoning_gym` against reasoning-gym 0.1.25's own datasets and verifiers (the optional extra, which
+scripts/setup.sh installs): rows, the reward, the config's errors, and the missing package's message."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from asyncrl.agents.base import AgentContext, run_episode
+from asyncrl.config import load_config
+from asyncrl.envs.base import Sample, load_rows, resolve_env
+from asyncrl.envs.reasoning_gym import INSTALL, ReasoningGymEnv, extract_answer, score
+from asyncrl.run.preflight import check_env
+from tests.agents.scripted_engine import ScriptedEngine
+
+
+def _cfg(*extra: str):
+    return load_config(["env=reasoning_gym", "env.num_train=120", "env.num_val=12", *extra])
+
+
+def test_rows_are_seeded_per_task_disjoint_between_splits_and_scored_by_the_tasks_own_verifier():
+    import reasoning_gym
+
+    env, cfg = ReasoningGymEnv(), _cfg()
+    train, val = env.build(cfg.env, "train"), env.build(cfg.env, "val")
+    assert (len(train), len(val)) == (120, 12)
+    assert env.build(cfg.env, "train") == train  # a pure function of the config
+    assert env.build(_cfg("env.seed=1").env, "train") != train
+    question = lambda r: r["prompt"][-1]["content"]  # noqa: E731
+    assert not {question(r) for r in train} & {question(r) for r in val}
+    tasks = {r["data_source"] for r in train}
+    assert tasks == {"reasoning_gym/chain_sum", "reasoning_gym/letter_counting", "reasoning_gym/spell_backward"}
+    for r in train[:30]:
+        ref = r["extra_info"]["reasoning_gym"]
+        # the row names its entry exactly: reasoning-gym regenerates the same question from it
+        entry = reasoning_gym.create_dataset(ref["task"], seed=ref["seed"], size=ref["size"],
+                                             **__import__("json").loads(ref["config"]))[ref["index"]]
+        assert question(r) == entry["question"] and r["reward_model"]["ground_truth"] == str(entry["answer"])
+        gt = r["reward_model"]["ground_truth"]
+        assert score(f"Thinking.\n<answer>{gt}</answer>", r["extra_info"]) == {"score": 1.0, "correct": 1.0,
+                                                                             "formatted": 1.0}
+        assert score(f"{gt}", r["extra_info"])["formatted"] == 0.0
+    spell = next(r for r in train if r["data_source"].endswith("spell_backward"))
+    word = spell["reward_model"]["ground_truth"]
+    assert score(f"<answer>{word}</answer> and <answer>x{word}</answer>", spell["extra_info"])["score"] < 1.0  # the last
+    # weights: one task only
+    only = _cfg("env.options.datasets=[{name: leg_counting, weight: 2, config: {min_animals: 1, max_animals: 2}}]")
+    assert {r["data_source"] for r in env.build(only.env, "val")} == {"reasoning_gym/leg_counting"}
+
+
+def test_extract_answer_takes_the_last_tagged_answer():
+    assert extract_answer("<answer> 3 </answer> then <answer>\n4\n</answer>") == "4"
+    assert extract_answer("no tags") is None and extract_answer("<answer>open") is None
+
+
+@pytest.mark.parametrize("datasets,message", [
+    ("[chain_summ]", "reasoning-gym has no task 'chain_summ' (did you mean 'chain_sum'?)"),
+    ("[{name: chain_sum, weight: 0}]", "weight must be a number > 0, got 0"),
+    ("[{name: chain_sum, config: {seed: 3}}]", "config must not set seed or size"),
+    ("[{name: chain_sum, config: {max_termz: 3}}]", "task 'chain_sum' refuses config {'max_termz': 3}: TypeError"),
+    ("[{name: chain_sum, cfg: {}}]", "unknown keys ['cfg']; valid: name, weight, config"),
+    ("[]", "env.options.datasets must be a non-empty list"),
+])
+def test_a_bad_task_list_fails_the_preflight_naming_the_entry(datasets, message):
+    from asyncrl.run.preflight import _Problems
+
+    cfg = _cfg(f"env.options.datasets={datasets}")
+    problems = _Problems()
+    problems.attempt("env=reasoning_gym training rows", lambda: load_rows(cfg, resolve_env("reasoning_gym"), "train"))
+    assert len(problems) == 1 and message in problems[0], problems
+
+
+async def test_an_episode_is_scored_by_the_verifier_through_the_agent_loop(tokenizer):
+    cfg = _cfg()
+    row = resolve_env("reasoning_gym").build(cfg.env, "val")[0]
+    sample = Sample.from_row(row, data_index=0, group_id="g0", sample_index=0, group_size=1)
+    gt = row["reward_model"]["ground_truth"]
+    ctx = AgentContext.for_config(cfg, ScriptedEngine(tokenizer, [f"Let me see. <answer>{gt}</answer>"]), tokenizer)
+    assert check_env(cfg)[1] == [] and ctx.tool_specs == []  # the preset has no tools
+    traj = await run_episode(sample, ctx, "tool_agent")
+    assert traj.reward == 1.0 and traj.metrics["reward/correct"] == 1.0
+    assert traj.messages[0] == row["prompt"][0]
+
+
+def test_without_the_package_the_env_names_the_install_command(tmp_path):
+    """A fresh interpreter where `import reasoning_gym` fails (its name blocked in sys.modules, as Python does
+    for a package that is not there): building rows, and so the preflight, says what to install."""
+    code = ("import sys; sys.modules['reasoning_gym'] = None\n"
+            "from asyncrl.config import load_config\n"
+            "from asyncrl.envs.reasoning_gym import ReasoningGymEnv\n"
+            "ReasoningGymEnv().build(load_config(['env=reasoning_gym']).env, 'train')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "env=reasoning_gym needs the reasoning-gym package, which is not installed" in r.stderr
+    assert INSTALL in r.stderr
