@@ -13,7 +13,12 @@ different seeds and no val question appears in train.
 
 Reward: the task's own verifier, `score_answer(answer, entry)` on the text inside the reply's last
 `<answer>` tags (a float in [0, 1]); reported also as `reward/correct` (the score is 1) and
-`reward/formatted` (the reply had answer tags).
+`reward/formatted` (the reply had answer tags). `env.options.format_reward=F` (in [0, 1); the preset: 0.1)
+gives F to a training reply with answer tags that the verifier scores 0, as the arithmetic env does: the
+untrained 135M model puts its answer in tags in about 2% of replies (measured: `asyncrl eval
+env=reasoning_gym`) and is right in none, so without it nearly every group's rewards are equal. Validation
+rows never carry it. The instruction to answer in tags follows the question in the user turn (in a system
+prompt, 0.4% of the same model's replies used the tags).
 
 The package is an optional extra (`pip install -e ".[envs]"`, which scripts/setup.sh installs); without it,
 building rows or scoring fails with that command, which the preflight reports before anything starts.
@@ -40,11 +45,10 @@ PACKAGE = "reasoning-gym"
 INSTALL = 'pip install -e ".[envs]" (or pip install reasoning-gym==0.1.25)'
 DATA_SOURCE_PREFIX = "reasoning_gym/"
 SPLIT_IDS = {"train": 0, "val": 1}
-SYSTEM_PROMPT = ("Think the problem through step by step, then give only the final answer between <answer> "
-                 "and </answer> tags, for example <answer>42</answer>. Follow the format of any example the "
-                 "problem shows.")
+INSTRUCTION = ("\n\nGive only the final answer between <answer> and </answer> tags, for example "
+               "<answer>42</answer>.")
 _ANSWER = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
-OPTIONS = ("datasets",)
+OPTIONS = ("datasets", "format_reward")
 
 
 class ReasoningGymUnavailable(ImportError):
@@ -65,6 +69,14 @@ def extract_answer(text: str) -> Optional[str]:
     """The text inside the last <answer>...</answer> (stripped), or None."""
     found = _ANSWER.findall(text or "")
     return found[-1].strip() if found else None
+
+
+def format_reward_option(options: dict[str, Any]) -> float:
+    """env.options.format_reward: what a training reply with answer tags that the verifier scores 0 earns."""
+    value = options.get("format_reward", 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"env.options.format_reward={value!r}: expected a number in [0, 1) (a correct answer earns 1.0)")
+    return float(value)
 
 
 def task_specs(options: dict[str, Any]) -> list[tuple[str, float, dict[str, Any]]]:
@@ -129,6 +141,7 @@ def generate(cfg: EnvConfig, split: str, exclude: frozenset[str] = frozenset()) 
     """`cfg.num_train` or `cfg.num_val` rows of `split`, skipping questions in `exclude`."""
     _rg()
     specs = task_specs(dict(cfg.options))
+    fmt = format_reward_option(dict(cfg.options)) if split == "train" else 0.0  # evaluation scores correctness only
     n = cfg.num_train if split == "train" else cfg.num_val
     size = 2 * n + 64  # room for the entries skipped as val questions
     rng = random.Random(derive_seed(cfg.seed, SPLIT_IDS[split]))
@@ -146,18 +159,22 @@ def generate(cfg: EnvConfig, split: str, exclude: frozenset[str] = frozenset()) 
         entry = _entry(ref)
         if entry["question"] in exclude:
             continue
-        rows.append(to_row(entry, ref, split, len(rows)))
+        rows.append(to_row(entry, ref, split, len(rows), fmt))
     return rows
 
 
-def to_row(entry: dict[str, Any], ref: dict[str, Any], split: str, index: int) -> dict[str, Any]:
-    return {
+def to_row(entry: dict[str, Any], ref: dict[str, Any], split: str, index: int,
+           format_reward: float = 0.0) -> dict[str, Any]:
+    row = {
         "data_source": DATA_SOURCE_PREFIX + ref["task"],
-        "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": entry["question"]}],
+        "prompt": [{"role": "user", "content": entry["question"] + INSTRUCTION}],
         "ability": "reasoning",
         "reward_model": {"style": "rule", "ground_truth": str(entry["answer"])},
-        "extra_info": {"split": split, "index": index, "reasoning_gym": dict(ref)},
+        "extra_info": {"split": split, "index": index, "question": entry["question"], "reasoning_gym": dict(ref)},
     }
+    if format_reward:
+        row["extra_info"]["format_reward"] = format_reward
+    return row
 
 
 def score(final_text: str, extra_info: dict[str, Any]) -> dict[str, float]:
@@ -167,7 +184,8 @@ def score(final_text: str, extra_info: dict[str, Any]) -> dict[str, float]:
         raise ValueError("a reasoning_gym row needs extra_info.reasoning_gym (the entry it was generated from)")
     answer = extract_answer(final_text)
     value = float(_dataset(ref["task"], ref["config"], int(ref["seed"]), int(ref["size"])).score_answer(answer, _entry(ref)))
-    return {"score": value, "correct": float(value == 1.0), "formatted": float(answer is not None)}
+    shaped = value if value > 0 or answer is None else float(extra_info.get("format_reward", 0.0))
+    return {"score": shaped, "correct": float(value == 1.0), "formatted": float(answer is not None)}
 
 
 @register("env", "reasoning_gym")
@@ -182,7 +200,7 @@ class ReasoningGymEnv(Env):
         val = generate(cfg, "val")
         if split == "val":
             return val
-        return generate(cfg, "train", exclude=frozenset(r["prompt"][-1]["content"] for r in val))
+        return generate(cfg, "train", exclude=frozenset(r["extra_info"]["question"] for r in val))
 
     def reward(self, *, final_text: str, ground_truth: Any, extra_info: dict[str, Any],
                tool_rewards: list[float], turn_rewards: list[float]) -> dict[str, float]:

@@ -11,7 +11,7 @@ import pytest
 from asyncrl.agents.base import AgentContext, run_episode
 from asyncrl.config import load_config
 from asyncrl.envs.base import Sample, load_rows, resolve_env
-from asyncrl.envs.reasoning_gym import INSTALL, ReasoningGymEnv, extract_answer, score
+from asyncrl.envs.reasoning_gym import INSTALL, INSTRUCTION, ReasoningGymEnv, extract_answer, score
 from asyncrl.run.preflight import check_env
 from tests.agents.scripted_engine import ScriptedEngine
 
@@ -28,8 +28,9 @@ def test_rows_are_seeded_per_task_disjoint_between_splits_and_scored_by_the_task
     assert (len(train), len(val)) == (120, 12)
     assert env.build(cfg.env, "train") == train  # a pure function of the config
     assert env.build(_cfg("env.seed=1").env, "train") != train
-    question = lambda r: r["prompt"][-1]["content"]  # noqa: E731
+    question = lambda r: r["extra_info"]["question"]  # noqa: E731
     assert not {question(r) for r in train} & {question(r) for r in val}
+    assert all(r["prompt"] == [{"role": "user", "content": question(r) + INSTRUCTION}] for r in train + val)
     tasks = {r["data_source"] for r in train}
     assert tasks == {"reasoning_gym/chain_sum", "reasoning_gym/letter_counting", "reasoning_gym/spell_backward"}
     for r in train[:30]:
@@ -41,7 +42,14 @@ def test_rows_are_seeded_per_task_disjoint_between_splits_and_scored_by_the_task
         gt = r["reward_model"]["ground_truth"]
         assert score(f"Thinking.\n<answer>{gt}</answer>", r["extra_info"]) == {"score": 1.0, "correct": 1.0,
                                                                              "formatted": 1.0}
-        assert score(f"{gt}", r["extra_info"])["formatted"] == 0.0
+        assert score(f"{gt}", r["extra_info"]) == {"score": 0.0, "correct": 0.0, "formatted": 0.0}
+    # a wrong answer in tags earns the preset's format reward on training rows, never on val rows (chain_sum's
+    # verifier gives no partial credit to a non-number; spell_backward's gives some by similarity)
+    sums = lambda rows: [r for r in rows if r["data_source"].endswith("chain_sum")]  # noqa: E731
+    assert sums(train) and sums(val)
+    assert all(score("<answer>none</answer>", r["extra_info"]) == {"score": 0.1, "correct": 0.0, "formatted": 1.0}
+               for r in sums(train))
+    assert all(score("<answer>none</answer>", r["extra_info"])["score"] == 0.0 for r in sums(val))
     spell = next(r for r in train if r["data_source"].endswith("spell_backward"))
     word = spell["reward_model"]["ground_truth"]
     assert score(f"<answer>{word}</answer> and <answer>x{word}</answer>", spell["extra_info"])["score"] < 1.0  # the last
@@ -62,11 +70,14 @@ def test_extract_answer_takes_the_last_tagged_answer():
     ("[{name: chain_sum, config: {max_termz: 3}}]", "task 'chain_sum' refuses config {'max_termz': 3}: TypeError"),
     ("[{name: chain_sum, cfg: {}}]", "unknown keys ['cfg']; valid: name, weight, config"),
     ("[]", "env.options.datasets must be a non-empty list"),
+    ("[chain_sum]|env.options.format_reward=1.0", "env.options.format_reward=1.0: expected a number in [0, 1)"),
+    ("[chain_sum]|+env.options.formt=1", "reasoning_gym does not know ['formt']"),
 ])
 def test_a_bad_task_list_fails_the_preflight_naming_the_entry(datasets, message):
     from asyncrl.run.preflight import _Problems
 
-    cfg = _cfg(f"env.options.datasets={datasets}")
+    datasets, *more = datasets.split("|")
+    cfg = _cfg(f"env.options.datasets={datasets}", *more)
     problems = _Problems()
     problems.attempt("env=reasoning_gym training rows", lambda: load_rows(cfg, resolve_env("reasoning_gym"), "train"))
     assert len(problems) == 1 and message in problems[0], problems
