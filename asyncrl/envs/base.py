@@ -12,7 +12,8 @@ A reward function is called with the keyword arguments it names (`reward_argumen
 and verl's (`compute_score(data_source, solution_str, ground_truth, extra_info)`, where `solution_str`
 is the whole response decoded as verl's reward manager does, tool replies included; the OpenAI-client
 agent's is its last completion's text), so a verl reward file loads unchanged; one that takes `**kwargs`
-gets asyncrl's five, as before.
+gets asyncrl's five as before (besides what it names), unless it names verl's `data_source` or
+`solution_str` (verl's own functions take `**kwargs` too): then it gets only what it names.
 """
 
 from __future__ import annotations
@@ -139,8 +140,6 @@ def reward_arguments(reward_fn: Any) -> tuple[str, ...]:
         params = inspect.signature(reward_fn).parameters.values()
     except (TypeError, ValueError):  # a builtin or C callable without a signature: asyncrl's names
         return ASYNCRL_REWARD_ARGS
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return ASYNCRL_REWARD_ARGS
     known = set(ASYNCRL_REWARD_ARGS) | set(VERL_REWARD_ARGS)
     for p in params:
         required = p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
@@ -148,7 +147,11 @@ def reward_arguments(reward_fn: Any) -> tuple[str, ...]:
             name = getattr(reward_fn, "__qualname__", None) or type(reward_fn).__qualname__
             raise TypeError(f"reward function {name} requires {p.name!r}, which no caller gives: a reward is called "
                             f"with keywords among {', '.join(sorted(known))} (asyncrl's and verl's names)")
-    return tuple(p.name for p in params if p.name in known and p.kind is not p.POSITIONAL_ONLY)
+    named = tuple(p.name for p in params if p.name in known and p.kind is not p.POSITIONAL_ONLY)
+    verl_style = {"data_source", "solution_str"} & set(named)
+    if any(p.kind is p.VAR_KEYWORD for p in params) and not verl_style:  # `**kw`: asyncrl's five, as always
+        return tuple(dict.fromkeys((*named, *ASYNCRL_REWARD_ARGS)))
+    return named
 
 
 @dataclass

@@ -229,6 +229,12 @@ def takes_everything(**kw):
     return 0.5
 
 
+def verl_with_kwargs(data_source, solution_str, ground_truth, extra_info=None, sandbox_fusion_url=None, **kwargs):
+    """verl's default_compute_score's shape: verl's names, its own options, and **kwargs."""
+    calls.append(sorted([data_source and "data_source", "solution_str", "ground_truth", *kwargs]))
+    return 0.25
+
+
 def needs_a_model(solution_str, model):
     return 0.0
 
@@ -268,6 +274,12 @@ async def test_a_verl_reward_file_loads_unchanged_and_gets_verls_arguments(token
     engine.script.append(enc(tokenizer, "Answer: 17"))
     assert (await run_episode(sample, ctx, "tool_agent")).reward == 0.5
     assert module.calls == [["extra_info", "final_text", "ground_truth", "tool_rewards", "turn_rewards"]]
+
+    ctx.reward_fn = module.verl_with_kwargs
+    module.calls.clear()
+    engine.script.append(enc(tokenizer, "Answer: 17"))
+    assert (await run_episode(sample, ctx, "tool_agent")).reward == 0.25
+    assert module.calls == [["data_source", "ground_truth", "solution_str"]]  # nothing of asyncrl's in **kwargs
 
     for name, needed in (("needs_a_model", "'model'"), ("positional_only", "'final_text'")):
         bad = load_config([f"env.reward.path={path}", f"env.reward.name={name}"])
