@@ -145,15 +145,17 @@ def generate(cfg: EnvConfig, split: str, exclude: frozenset[str] = frozenset()) 
     n = cfg.num_train if split == "train" else cfg.num_val
     size = 2 * n + 64  # room for the entries skipped as val questions
     rng = random.Random(derive_seed(cfg.seed, SPLIT_IDS[split]))
-    taken = {name: 0 for name, _, _ in specs}
-    seeds = {name: derive_seed(cfg.seed, SPLIT_IDS[split], k) % 2**32 for k, (name, _, _) in enumerate(specs)}
-    configs = {name: json.dumps(config, sort_keys=True) for name, _, config in specs}
+    # per entry k of the list (one task may appear twice, with two configs): its seed, config and next index
+    taken = [0] * len(specs)
+    seeds = [derive_seed(cfg.seed, SPLIT_IDS[split], k) % 2**32 for k in range(len(specs))]
+    configs = [json.dumps(config, sort_keys=True) for _, _, config in specs]
     rows: list[dict[str, Any]] = []
     while len(rows) < n:
-        name = rng.choices([s[0] for s in specs], weights=[s[1] for s in specs])[0]
-        ref = {"task": name, "config": configs[name], "seed": seeds[name], "size": size, "index": taken[name]}
-        taken[name] += 1
-        if taken[name] > size:
+        k = rng.choices(range(len(specs)), weights=[s[1] for s in specs])[0]
+        name = specs[k][0]
+        ref = {"task": name, "config": configs[k], "seed": seeds[k], "size": size, "index": taken[k]}
+        taken[k] += 1
+        if taken[k] > size:
             raise ValueError(f"reasoning_gym task {name!r}: cannot draw {n} {split} rows whose questions are not "
                              f"in the val split (its config allows too few distinct problems)")
         entry = _entry(ref)

@@ -53,9 +53,14 @@ def test_rows_are_seeded_per_task_disjoint_between_splits_and_scored_by_the_task
     spell = next(r for r in train if r["data_source"].endswith("spell_backward"))
     word = spell["reward_model"]["ground_truth"]
     assert score(f"<answer>{word}</answer> and <answer>x{word}</answer>", spell["extra_info"])["score"] < 1.0  # the last
-    # weights: one task only
+    # weights: one task only; one task twice, with two configs (each its own seed and entries)
     only = _cfg("env.options.datasets=[{name: leg_counting, weight: 2, config: {min_animals: 1, max_animals: 2}}]")
     assert {r["data_source"] for r in env.build(only.env, "val")} == {"reasoning_gym/leg_counting"}
+    twice = _cfg("env.options.datasets=[{name: chain_sum, config: {max_digits: 1}}, "
+                 "{name: chain_sum, config: {min_digits: 3, max_digits: 3}}]")
+    refs = [r["extra_info"]["reasoning_gym"] for r in env.build(twice.env, "train")]
+    assert len({(r["config"], r["seed"]) for r in refs}) == 2
+    assert len({(r["config"], r["index"]) for r in refs}) == len(refs)  # no entry drawn twice
 
 
 def test_extract_answer_takes_the_last_tagged_answer():
