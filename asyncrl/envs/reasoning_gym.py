@@ -20,6 +20,9 @@ env=reasoning_gym`) and is right in none, so without it nearly every group's rew
 rows never carry it. The instruction to answer in tags follows the question in the user turn (in a system
 prompt, 0.4% of the same model's replies used the tags).
 
+Demonstrations (`demo_turns`): the task's own answer in tags, one turn; so `warm_start.mode=auto` (the
+default) first fine-tunes on them, teaching the answer format the untrained model almost never uses.
+
 The package is an optional extra (`pip install -e ".[envs]"`, which scripts/setup.sh installs); without it,
 building rows or scoring fails with that command, which the preflight reports before anything starts.
 """
@@ -37,7 +40,7 @@ from typing import Any, Optional
 
 from asyncrl.config import EnvConfig, load_config
 from asyncrl.data.rows import write_rows
-from asyncrl.envs.base import Env
+from asyncrl.envs.base import DemoError, DemoTurn, Env
 from asyncrl.registry import register
 from asyncrl.util.seeds import derive_seed
 
@@ -208,15 +211,25 @@ class ReasoningGymEnv(Env):
                tool_rewards: list[float], turn_rewards: list[float]) -> dict[str, float]:
         return score(final_text, extra_info)
 
+    def demo_turns(self, row: dict[str, Any]) -> list[Any]:
+        """The task's own answer in tags, in one turn: what the warm start teaches (the answer format)."""
+        answer = (row.get("reward_model") or {}).get("ground_truth")
+        if answer is None or not isinstance((row.get("extra_info") or {}).get("reasoning_gym"), dict):
+            raise DemoError("the row has no ground truth or no extra_info.reasoning_gym: nothing to demonstrate")
+        return [DemoTurn(f"<answer>{answer}</answer>")]
+
     @staticmethod
     def add_data_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--out", required=True, help="directory for train.parquet and val.parquet")
-        parser.add_argument("overrides", nargs="*", help="config overrides (env.options.datasets=..., env.num_train=N)")
+        parser.add_argument("--num-train", type=int, default=2048)
+        parser.add_argument("--num-val", type=int, default=64)
+        parser.add_argument("--seed", type=int, default=0)
 
     def data_command(self, args: argparse.Namespace) -> int:
-        cfg = load_config(["env=reasoning_gym", *args.overrides])
+        cfg = load_config(["env=reasoning_gym", f"env.num_train={args.num_train}", f"env.num_val={args.num_val}",
+                           f"env.seed={args.seed}"])
         out = Path(args.out)
-        for split in ("train", "val"):
-            path = write_rows(self.build(cfg.env, split), out / f"{split}.parquet")
-            print(f"wrote {path}")
+        written = {split: {"path": str(write_rows(self.build(cfg.env, split), out / f"{split}.parquet"))}
+                   for split in ("train", "val")}
+        print(json.dumps(written))
         return 0

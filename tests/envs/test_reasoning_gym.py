@@ -111,3 +111,36 @@ def test_without_the_package_the_env_names_the_install_command(tmp_path):
     assert r.returncode == 1
     assert "env=reasoning_gym needs the reasoning-gym package, which is not installed" in r.stderr
     assert INSTALL in r.stderr
+
+
+def test_demonstrations_are_the_tasks_answers_in_tags_and_earn_full_reward():
+    from asyncrl.envs.base import DemoError, can_demonstrate
+
+    env, cfg = ReasoningGymEnv(), _cfg()
+    assert can_demonstrate(env)
+    for r in env.build(cfg.env, "train")[:40]:
+        (turn,) = env.demo_turns(r)
+        assert turn.tool_calls == [] and score(turn.content, r["extra_info"])["score"] == 1.0
+    with pytest.raises(DemoError, match="nothing to demonstrate"):
+        env.demo_turns({"reward_model": {"ground_truth": "3"}, "extra_info": {}})
+
+
+def test_asyncrl_data_writes_rows_that_check_and_demonstrations_that_play(tmp_path):
+    """`asyncrl data reasoning_gym` writes parquet that `asyncrl data check` passes and whose rows score from
+    the file; `--demos` plays each demonstration through the agent loop and keeps it (full reward)."""
+    import json
+
+    from asyncrl.data.dataset import open_dataset
+
+    run = lambda *a: subprocess.run([sys.executable, "-m", "asyncrl.cli", "data", *a], capture_output=True,  # noqa: E731
+                                    text=True, timeout=300)
+    r = run("reasoning_gym", "--out", str(tmp_path), "--num-train", "40", "--num-val", "8")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["train"]["path"] == str(tmp_path / "train.parquet")
+    c = run("check", str(tmp_path / "train.parquet"))
+    assert c.returncode == 0 and json.loads(c.stdout)["valid"] == 40, c.stdout + c.stderr
+    row = open_dataset(tmp_path / "train.parquet")[0]
+    assert score(f"<answer>{row['reward_model']['ground_truth']}</answer>", row["extra_info"])["score"] == 1.0
+    d = run("reasoning_gym", "--demos", "--out", str(tmp_path), "--num-train", "40", "--limit", "6")
+    assert d.returncode == 0, d.stderr[-2000:]
+    assert json.loads(d.stdout.strip().splitlines()[-1])["demos"] == 6
