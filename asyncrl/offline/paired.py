@@ -69,7 +69,7 @@ def compare(base: Iterable[dict[str, Any]], new: Iterable[dict[str, Any]], thres
     base_ok, new_ok = sum(ok(r) for r in a.values()), sum(ok(r) for r in b.values())
     return {"episodes": n, "threshold": threshold, "base_success": round(base_ok / n, 4),
             "new_success": round(new_ok / n, 4), "up": up, "down": down, "unchanged": n - up - down,
-            "sign_test_p": round(sign_test_p(up, down), 6)}
+            "sign_test_p": float(f"{sign_test_p(up, down):.3g}")}  # 3 significant digits: 1.18e-08 is not 0
 
 
 def read_episodes(eval_dir: str | Path) -> list[dict[str, Any]]:

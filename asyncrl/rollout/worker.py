@@ -286,7 +286,8 @@ class RolloutWorker:
                     log.warning("episode %s attempt %d failed: %r", sample.uid, attempt, e)
                     if attempt < self.EPISODE_ATTEMPTS:  # a pause, then a retry that draws afresh (util/seeds.py)
                         await asyncio.sleep(min(2.0 * attempt, 10.0))
-                        sample = replace(sample, sampling_seed=derive_seed(first_seed, attempt))
+                        if first_seed is not None:
+                            sample = replace(sample, sampling_seed=derive_seed(first_seed, attempt))
             else:
                 await self._episode_failed(sample, error)
                 return

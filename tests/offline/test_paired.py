@@ -42,6 +42,14 @@ def test_compare_counts_the_changed_episodes_and_failed_ones_as_zero():
     assert compare(base, new, threshold=0.5)["up"] == 4  # 0.5 counts as a success at threshold 0.5
 
 
+def test_a_tiny_p_value_is_kept_to_three_significant_digits_not_rounded_to_zero():
+    """55 up, 10 down (reasoning-gym's RL after its warm start): p = 1.18e-08, which 6 decimals made 0."""
+    r = compare(_eps([0] * 55 + [1] * 10 + [0] * 5), _eps([1] * 55 + [0] * 10 + [0] * 5))
+    assert (r["up"], r["down"]) == (55, 10) and r["sign_test_p"] == 1.18e-08
+    block, line = against(_eps([0] * 55 + [1] * 10), _eps([1] * 55 + [0] * 10), 1.0, "sft", "final")
+    assert "sign test p = 1.18e-08 (significant at 0.05)" in line
+
+
 def test_compare_refuses_evals_of_different_episodes_and_names_one():
     base = _eps([0, 1, 1, 0])
     shifted = [dict(e, seed=e["seed"] + 1) for e in base]  # another --seed: other draws, nothing pairs
