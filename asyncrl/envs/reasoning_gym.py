@@ -135,9 +135,14 @@ def _dataset(name: str, config_json: str, seed: int, size: int) -> Any:
     return _rg().create_dataset(name, seed=seed, size=size, **json.loads(config_json))
 
 
+def _dataset_of(ref: dict[str, Any]) -> Any:
+    """The reasoning-gym dataset a row's entry comes from (extra_info.reasoning_gym)."""
+    return _dataset(ref["task"], ref["config"], int(ref["seed"]), int(ref["size"]))
+
+
 def _entry(ref: dict[str, Any]) -> dict[str, Any]:
     """The reasoning-gym entry a row names (extra_info.reasoning_gym), regenerated."""
-    return _dataset(ref["task"], ref["config"], int(ref["seed"]), int(ref["size"]))[int(ref["index"])]
+    return _dataset_of(ref)[int(ref["index"])]
 
 
 def generate(cfg: EnvConfig, split: str, exclude: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
@@ -188,7 +193,7 @@ def score(final_text: str, extra_info: dict[str, Any]) -> dict[str, float]:
     if not isinstance(ref, dict):
         raise ValueError("a reasoning_gym row needs extra_info.reasoning_gym (the entry it was generated from)")
     answer = extract_answer(final_text)
-    value = float(_dataset(ref["task"], ref["config"], int(ref["seed"]), int(ref["size"])).score_answer(answer, _entry(ref)))
+    value = float(_dataset_of(ref).score_answer(answer, _entry(ref)))
     shaped = value if value > 0 or answer is None else float(extra_info.get("format_reward", 0.0))
     return {"score": shaped, "correct": float(value == 1.0), "formatted": float(answer is not None)}
 
