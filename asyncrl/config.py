@@ -156,6 +156,11 @@ class EngineConfig:
         "the embedded engine's batch: requests decoded at once (asyncrl/engine/launcher.py "
         "launch_configured); SGLang sizes its own (not passed to it)",
     )
+    cuda_graphs: bool = setting(
+        True,
+        "the embedded engine on a GPU replays its decode steps as CUDA graphs and admits waiting requests "
+        "in batches of max_running_seqs // 8 rows (asyncrl/engine/graphs.py); false: every step eager",
+    )
     max_running_tokens: int = setting(
         16384,
         "the embedded engine's prompt + generated tokens of the running requests; a longer prompt gets 400 "

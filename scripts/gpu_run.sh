@@ -2,8 +2,14 @@
 # The GPU run of docs/benchmarks.md ("On one GPU"), on one machine with one CUDA GPU and asyncrl installed:
 #   bash scripts/gpu_run.sh OUT_DIR [key=value ...]
 # 0. the host's cost of one small CUDA op (where it is tens of microseconds, the host sets the engine's speed);
-# 1. `asyncrl bench engine` on the GPU at 16 and at 128 running rows (sampled at T = 1, one round each,
-#    against `model.generate` on static batches of the same size), if BENCH=1 (the default);
+#    then the tests marked gpu of the engine (tests/engine/test_gpu.py, test_graphs.py: CUDA graphs captured
+#    and replayed give transformers' greedy tokens), stage `gpu_tests`;
+# 1. `asyncrl bench engine` on the GPU at 16 and at 128 running rows (sampled at T = 1, one round each):
+#    at 16 rows against the same engine with every step eager (engine.cuda_graphs=false), at 128 against
+#    `model.generate` on static batches of the same size, on the long-tailed workload and on one where every
+#    request wants 256 tokens (decode alone), if BENCH=1 (the default); BENCH_MODEL=DIR benches that
+#    checkpoint instead of the default model (a random one of its shape serves: EOS is banned until each
+#    request's length, so the weights do not change the work);
 # 2. `asyncrl train` on the default task (warm start, then GRPO), with GPU-sized batches and a wall-clock
 #    budget of MINUTES (default 4) minutes: the embedded engine serves bf16 and the learner computes in bf16
 #    on the GPU, weights go to the engine as CUDA tensors (transport auto: tensor when colocated);
@@ -19,6 +25,8 @@
 # Every stage runs under its own time limit and its output goes under OUT_DIR as it finishes, so a stage
 # that fails or runs out of time leaves the ones before it; the exit status is the first failed stage's.
 # Extra key=value arguments go to `asyncrl train` (e.g. trainer.weight_sync.transport=disk).
+# STAGES picks what runs, comma-separated from gpu_tests,bench,train,eval,sglang (default: all), so one lent
+# GPU can run them over two calls (the second carrying the default model's weights).
 # DRY_RUN=1 checks the wiring on any machine in seconds: `asyncrl train --dry-run` and `asyncrl eval
 # --dry-run` with the same arguments (config, preflight, model and dataset found), and prints the benches'
 # command lines; nothing is trained or generated (tests/core/test_gpu_script.py).
@@ -30,11 +38,14 @@ BENCH=${BENCH:-1}
 EVAL_BASE=${EVAL_BASE:-1}
 SGLANG=${SGLANG:-1}
 DRY_RUN=${DRY_RUN:-0}
+STAGES=${STAGES:-gpu_tests,bench,train,eval,sglang}
+BENCH_MODEL=${BENCH_MODEL:-}
 EVAL_ARGS=${EVAL_ARGS:-}  # e.g. "--limit 4"
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 RUN="$OUT/run"
 status=0
+want() { [[ ",$STAGES," == *",$1,"* ]]; }
 stage() {  # stage NAME SECONDS CMD...: run CMD under a time limit, logging to OUT/NAME.log
     local name=$1 limit=$2
     shift 2
@@ -50,13 +61,15 @@ stage() {  # stage NAME SECONDS CMD...: run CMD under a time limit, logging to O
 bench() {  # bench NAME SECONDS ARGS...: a bench stage (printed, not run, under DRY_RUN)
     local name=$1 limit=$2
     shift 2
-    if [ "$DRY_RUN" = 1 ]; then echo "== $name (dry run): $PY -m asyncrl.cli bench engine $*"; return 0; fi
-    stage "$name" "$limit" "$PY" -m asyncrl.cli bench engine "$@"
+    local model=()
+    [ -n "$BENCH_MODEL" ] && model=(--model-path "$BENCH_MODEL")
+    if [ "$DRY_RUN" = 1 ]; then echo "== $name (dry run): $PY -m asyncrl.cli bench engine $* ${model[*]}"; return 0; fi
+    stage "$name" "$limit" "$PY" -m asyncrl.cli bench engine "$@" "${model[@]}"
 }
 dry=()
 [ "$DRY_RUN" = 1 ] && dry=(--dry-run)
 sglang_stages() {  # 5: a short run on SGLang and its contract tests, or why they cannot run here
-    [ "$SGLANG" = 1 ] || return 0
+    [ "$SGLANG" = 1 ] && want sglang || return 0
     local why
     if ! why=$("$PY" -c "import sglang" 2>&1); then
         echo "== sglang: not run: sglang does not import in $PY ($(echo "$why" | tail -n 1))" | tee "$OUT/sglang.log"
@@ -82,10 +95,20 @@ if torch.cuda.is_available():
     print(f'one small CUDA op: {dt / n * 1e6:.1f} us (2000 in-place adds, synchronized at the end)')
 "
 
-if [ "$BENCH" = 1 ]; then  # tokens/s at 16 and 128 rows; prompts of 32..256 tokens, one request in 8 long
-    bench bench_engine_16 180 --rounds 1 --batch 16 --requests 64 --max-new-tokens 256 --temperature 1.0 --skip-cb
-    bench bench_engine_128 240 --rounds 1 --batch 128 --requests 512 --max-new-tokens 256 --temperature 1.0 --skip-cb
+if want gpu_tests && [ "$DRY_RUN" != 1 ]; then
+    stage gpu_tests 240 "$PY" -m pytest -q -p no:randomly -p no:cacheprovider -m gpu tests/engine/test_gpu.py \
+        tests/engine/test_graphs.py
 fi
+
+if [ "$BENCH" = 1 ] && want bench; then  # tokens/s at 16 and 128 rows; prompts of 32..256 tokens
+    common=(--rounds 1 --max-new-tokens 256 --temperature 1.0 --skip-cb)
+    # one request in 8 long (256 tokens), the others 16-32: rows end and join nearly every step
+    bench bench_engine_16 180 "${common[@]}" --batch 16 --requests 64 --skip-static --eager-engine
+    bench bench_engine_128 180 "${common[@]}" --batch 128 --requests 512
+    # every request 256 tokens: decode steps alone, rows join in waves
+    bench bench_engine_128_decode 180 "${common[@]}" --batch 128 --requests 512 --long-every 1
+fi
+want train || { sglang_stages "$@"; exit $status; }
 
 train_limit=$("$PY" -c "print(int(float('$MINUTES') * 60 + 150))")  # the budget, the last step, export, shutdown
 stage train "$train_limit" "$PY" -m asyncrl.cli train "${dry[@]}" trainer.output_dir="$RUN" trainer.wandb=off \
@@ -98,6 +121,7 @@ if [ "$DRY_RUN" = 1 ]; then  # no run dir: the evals check themselves against th
     sglang_stages "$@"
     exit $status
 fi
+want eval || { [ -f "$RUN/metrics.jsonl" ] && stage report 120 "$PY" -m asyncrl.cli report "$RUN"; sglang_stages "$@"; exit $status; }
 if [ -f "$RUN/warm_start/final/config.json" ]; then
     stage eval_warm_start 150 "$PY" -m asyncrl.cli eval "$RUN/warm_start/final" -k 4 $EVAL_ARGS \
         --out "$OUT/eval_warm_start" engine.max_running_seqs=128

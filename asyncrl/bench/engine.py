@@ -10,7 +10,10 @@ tokens; tokens/s = sum(lengths) / wall time.
       max_running_seqs = --batch;
   (b) `model.generate` on static left-padded batches of --batch requests in arrival order (each
       batch runs until its longest request is done);
-  (c) transformers' continuous batching manager, per-request max_new_tokens (skip with --skip-cb).
+  (c) transformers' continuous batching manager, per-request max_new_tokens (skip with --skip-cb);
+  (d) with --eager-engine: (a) with `engine.cuda_graphs=false`, a second server (on a GPU, (a) replays
+      its decode steps as CUDA graphs, asyncrl/engine/graphs.py; (d) runs every step eagerly).
+(a)'s server's own counters (steps, graph replays and captures) are reported as `engine_stats`.
 The sides run interleaved (a, b, c, a, b, c, ...) for ``--rounds`` rounds (asyncrl/bench/rounds.py);
 each is reported by its median tokens/s and seconds with their spread, and the ratios are ratios of
 median times.
@@ -20,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import random
 import time
 from typing import Any
 
+import httpx
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
@@ -53,6 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="interleaved rounds; medians are reported")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                         help="every side's device (auto: cuda when a GPU is visible, else cpu)")
+    parser.add_argument("--eager-engine", action="store_true",
+                        help="also run (d) the engine with engine.cuda_graphs=false (on a GPU: every step eager)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="0: greedy; > 0: every side samples at this temperature (as RL's rollouts do)")
 
@@ -156,19 +163,28 @@ def run(args: argparse.Namespace) -> dict:
             return _static_run(model, work, args.batch, pad, args.temperature)
 
     # the engine's server process lives through every round (idle while the other sides run)
-    with launch_embedded(model_dir, max_running_seqs=args.batch, threads=threads, dtype=dtype, device=device) as proc:
+    with contextlib.ExitStack() as stack:
+        proc = stack.enter_context(launch_embedded(model_dir, max_running_seqs=args.batch, threads=threads,
+                                                   dtype=dtype, device=device))
         sides = {"engine": lambda: asyncio.run(_engine_run(proc.url, work, args.temperature))}
+        if args.eager_engine:
+            eager = stack.enter_context(launch_embedded(model_dir, max_running_seqs=args.batch, threads=threads,
+                                                        dtype=dtype, device=device, cuda_graphs=False))
+            sides["engine_eager"] = lambda: asyncio.run(_engine_run(eager.url, work, args.temperature))
         if not args.skip_static:
             sides["static"] = static
         if not args.skip_cb:
             sides["hf_continuous"] = lambda: _cb_run(model, work, args.batch, args.temperature)
         seconds = interleave(sides, args.rounds)
+        stats = httpx.get(proc.url + "/stats", timeout=30).json()
     out: dict[str, Any] = {
         "model": str(model_dir).rsplit("/", 1)[-1], "requests": len(work), "output_tokens": tokens,
         "batch": args.batch, "threads": threads, "rounds": args.rounds, "dtype": dtype,
         "temperature": args.temperature, "device": device,
     }
-    names = {"engine": "engine", "static": "static_generate", "hf_continuous": "hf_continuous"}
+    out["engine_stats"] = {k: stats.get(k) for k in ("steps", "prefills", "graph_captures", "graph_replays")}
+    names = {"engine": "engine", "engine_eager": "engine_eager", "static": "static_generate",
+             "hf_continuous": "hf_continuous"}
     for side, values in seconds.items():
         out.update(summary(f"{names[side]}_tok_s", [tokens / v for v in values]))
         out.update(summary(f"{names[side]}_s", values))
@@ -176,4 +192,6 @@ def run(args: argparse.Namespace) -> dict:
         out["a_over_b"] = ratio(seconds["static"], seconds["engine"])
     if "hf_continuous" in seconds:
         out["a_over_c"] = ratio(seconds["hf_continuous"], seconds["engine"])
+    if "engine_eager" in seconds:
+        out["a_over_d"] = ratio(seconds["engine_eager"], seconds["engine"])
     return out

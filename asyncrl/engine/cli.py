@@ -9,7 +9,7 @@ the environment only (argv is readable by every local user); without it they ans
 non-loopback --host is refused. `--weights-dir` (repeatable) adds a directory that
 /update_weights_from_disk may read from, besides --model-path.
 
-The engine's settings (--host, --device, --dtype, --max-running-seqs, --max-running-tokens) are the
+The engine's settings (--host, --device, --dtype, --max-running-seqs, --max-running-tokens, --cuda-graphs) are the
 fields of `engine` in the run's config (asyncrl.config.EngineConfig), named in SETTINGS: their defaults
 are EngineConfig's, the launcher writes them with `settings_argv`, and `settings_from_args` reads them
 back into one EngineConfig (validated as the config is) that the server and its scheduler take whole.
@@ -26,7 +26,7 @@ from asyncrl.util.auth import TokenError
 
 # EngineConfig field -> the flag that carries it to the engine process (every setting the process takes)
 SETTINGS = {"host": "--host", "device": "--device", "dtype": "--dtype", "max_running_seqs": "--max-running-seqs",
-            "max_running_tokens": "--max-running-tokens"}
+            "max_running_tokens": "--max-running-tokens", "cuda_graphs": "--cuda-graphs"}
 
 
 def settings_argv(engine: EngineConfig) -> list[str]:
@@ -35,13 +35,19 @@ def settings_argv(engine: EngineConfig) -> list[str]:
     for field, flag in SETTINGS.items():
         value = getattr(engine, field)
         if value is not None:
-            out += [flag, str(value)]
+            out += [flag, str(value).lower() if isinstance(value, bool) else str(value)]
     return out
 
 
 def settings_from_args(args: argparse.Namespace) -> EngineConfig:
     """The EngineConfig the parsed flags describe (EngineConfig's checks: a bad value raises ConfigError)."""
     return EngineConfig(**{field: getattr(args, field) for field in SETTINGS})
+
+
+def _boolean(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--max-running-seqs", type=int, default=d.max_running_seqs, help="requests decoded at once")
     s.add_argument("--max-running-tokens", type=int, default=d.max_running_tokens,
                    help="prompt + generated tokens of the running requests; a longer prompt is refused (400)")
+    s.add_argument("--cuda-graphs", type=_boolean, default=d.cuda_graphs, metavar="true|false",
+                   help="on a GPU, replay decode steps as CUDA graphs (asyncrl/engine/graphs.py)")
     s.add_argument("--weight-version", type=int, default=0, help="initial weight_version")
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     s.add_argument("--exit-with-parent", type=int, default=None, metavar="PID",

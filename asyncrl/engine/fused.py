@@ -14,9 +14,10 @@ AttentionInterface as "asyncrl_slots" (no attention mask is built for it), which
   - writes the decode tokens' K/V into column `column` of rows 0..n-1 of the KV slots and attends
     each with its row's cached columns (the slot mask), the query heads of one KV head packed as
     SGLang/transformers do for one-token queries;
-  - attends each prompt causally over itself (the same sdpa call as a lone prefill), and writes its
-    K/V into the rows the plan gives it (several, when requests share the prompt; none for a
-    request that ends at its first token, e.g. a liveness probe).
+  - attends each prompt causally over itself (the same sdpa call as a lone prefill), and writes the
+    prompts' K/V into the rows the plan gives them (several, when requests share the prompt; none for
+    a request that ends at its first token, e.g. a liveness probe), all prompts and rows by one
+    indexed write per layer (`prompt_writes`: a GPU pays per op, not per byte, at these sizes).
 The logits are kept only at the decode tokens and at each prompt's last token.
 
 Models: those whose attention modules call transformers' attention interface with the rotated
@@ -45,7 +46,6 @@ class Segment:
     start: int  # the prompt's tokens in the flat row: [start, end)
     end: int
     rows: list[int] = field(default_factory=list)  # KV rows that take its K/V
-    index: torch.Tensor | None = None  # `rows` on the KV's device (made once per step: one write per layer)
 
 
 @dataclass(slots=True)
@@ -53,8 +53,30 @@ class StepPlan:
     kv: KVSlots
     decode_rows: int  # rows 0..decode_rows-1 decode one token each
     column: int  # the KV column their tokens are written to
-    decode_mask: torch.Tensor | None  # [n, 1, 1, column + 1] bool
+    decode_mask: torch.Tensor | None  # [n, 1, 1, column + 1] bool ([n, 1, 1, width] with column_index)
     segments: list[Segment]
+    # where the prompts' K/V go, every segment and row at once (`prompt_writes`): one indexed write per layer
+    writes: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # a decode step captured as a CUDA graph (engine/graphs.py): the column is a tensor [1] (its value
+    # changes between replays, a captured kernel's arguments do not) and attention reads `width` columns
+    column_index: torch.Tensor | None = None
+    width: int = 0
+
+
+def prompt_writes(segments: list[Segment], end_col: int, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(rows, columns, tokens) [M] each: token `tokens[i]` of the flat row goes to KV row `rows[i]`, column
+    `columns[i]`; each segment's p tokens right-aligned to `end_col` in every row it feeds (None: no row)."""
+    rows, cols, src = [], [], []
+    for seg in segments:
+        p = seg.end - seg.start
+        for r in seg.rows:
+            rows.append(torch.full((p,), r, dtype=torch.long))
+            cols.append(torch.arange(end_col - p, end_col))
+            src.append(torch.arange(seg.start, seg.end))
+    if not rows:
+        return None
+    return tuple(torch.cat(x).to(device) for x in (rows, cols, src))
 
 
 def supports_fused(model: Any) -> bool:
@@ -84,8 +106,16 @@ def slot_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     layer = plan.kv.layers[module.layer_idx]
     _, h, t, d = query.shape
     hkv = key.shape[1]
-    out = query.new_empty((1, t, h, d))
     n, col = plan.decode_rows, plan.column
+    if plan.column_index is not None:  # every row decodes (t == n); no Python value depends on the step
+        kd = key[0].transpose(0, 1).unsqueeze(2)  # [n, Hkv, 1, D]
+        layer.kbuf[:n].index_copy_(2, plan.column_index, kd)
+        layer.vbuf[:n].index_copy_(2, plan.column_index, value[0].transpose(0, 1).unsqueeze(2))
+        qd = query[0].transpose(0, 1).reshape(n, hkv, h // hkv, d)
+        od = F.scaled_dot_product_attention(qd, layer.kbuf[:n, :, : plan.width], layer.vbuf[:n, :, : plan.width],
+                                            attn_mask=plan.decode_mask, scale=scaling)
+        return od.reshape(1, n, h, d), None
+    out = query.new_empty((1, t, h, d))
     if n:
         kd = key[0, :, :n].transpose(0, 1)  # [n, Hkv, D]
         vd = value[0, :, :n].transpose(0, 1)
@@ -95,17 +125,12 @@ def slot_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         od = F.scaled_dot_product_attention(qd, layer.kbuf[:n, :, : col + 1], layer.vbuf[:n, :, : col + 1],
                                             attn_mask=plan.decode_mask, scale=scaling)
         out[0, :n] = od.reshape(n, h, d)
-    end_col = col + 1
     for seg in plan.segments:
         q, k, v = query[:, :, seg.start : seg.end], key[:, :, seg.start : seg.end], value[:, :, seg.start : seg.end]
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=hkv != h)
         out[0, seg.start : seg.end] = o[0].transpose(0, 1)
-        p = seg.end - seg.start
-        if len(seg.rows) == 1:
-            layer.kbuf[seg.rows[0], :, end_col - p : end_col] = k[0]
-            layer.vbuf[seg.rows[0], :, end_col - p : end_col] = v[0]
-        elif seg.rows:  # the samples of a group share the prompt: every row written by one indexed copy
-            index = seg.index if seg.index is not None else torch.tensor(seg.rows, device=k.device)
-            layer.kbuf[index, :, end_col - p : end_col] = k[0].unsqueeze(0).expand(len(seg.rows), -1, -1, -1)
-            layer.vbuf[index, :, end_col - p : end_col] = v[0].unsqueeze(0).expand(len(seg.rows), -1, -1, -1)
+    if plan.writes is not None:  # every prompt's K/V into every row it feeds (a group's samples share one)
+        rows, cols, src = plan.writes
+        layer.kbuf[rows, :, cols] = key[0][:, src].transpose(0, 1)
+        layer.vbuf[rows, :, cols] = value[0][:, src].transpose(0, 1)
     return out, None

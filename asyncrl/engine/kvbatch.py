@@ -16,6 +16,10 @@ What each change costs (the old layout copied every layer's whole slab whenever 
 - `_rebuild`: one copy of the live columns into a fresh buffer with `_GROW` spare columns, when the
   slab is full, when a longer prompt joins, or when the columns no running row uses (left of every
   row's first token) reach half of `length` (`trim`), so attention never runs over much dead width.
+  With `fixed_buffers` (the CUDA-graph decode of engine/graphs.py, whose captured kernels read these
+  buffers' addresses) the live columns move left inside the same buffers instead, and new buffers
+  (twice the columns) are made only when the live columns would not fit: `generation` counts the
+  buffers made, so a captured graph knows when it reads stale ones.
 
 The model sees a `transformers` Cache whose layers are `SlabLayer`s (views of rows 0..rows-1, columns
 0..length-1), a 2-D attention mask [rows, length + 1] and per-row position ids, exactly as `generate`
@@ -66,10 +70,13 @@ class KVSlots:
     inference tensors (the engine's forwards make them): every method that writes them runs under
     inference mode, wherever it is called from (`remove` runs in the scheduler's reap, outside a forward)."""
 
-    def __init__(self, slots: int):
+    def __init__(self, slots: int, *, fixed_buffers: bool = False, min_capacity: int = 0):
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.slots = slots
+        self.fixed_buffers = fixed_buffers  # rebuild in place (see the module docstring)
+        self.min_capacity = min_capacity  # columns of the first buffers, at least
+        self.generation = 0  # buffers made so far (their addresses change with it)
         self.rows = 0
         self.length = 0
         self.layers: list[SlabLayer] = []
@@ -186,6 +193,8 @@ class KVSlots:
 
     # ---- internals -------------------------------------------------------------------------
     def _allocate(self, like: torch.Tensor, n_layers: int, capacity: int) -> None:
+        capacity = max(capacity, self.min_capacity)
+        self.generation += 1
         _, h, _, d = like.shape
         self.layers = [SlabLayer(like.new_zeros((self.slots, h, capacity, d)), like.new_zeros((self.slots, h, capacity, d)))
                        for _ in range(n_layers)]
@@ -213,6 +222,13 @@ class KVSlots:
         cap = new_len + _GROW
         off = new_len - live
         n = self.rows
+        self.rebuilds += 1
+        if self.fixed_buffers:
+            if new_len + _GROW // 4 <= self.capacity:  # in place: the buffers keep their addresses
+                self._compact(start, off, new_len)
+                return
+            cap = max(cap, 2 * self.capacity)
+        self.generation += 1
         for layer in self.layers:
             for name in ("kbuf", "vbuf"):
                 old = getattr(layer, name)
@@ -224,4 +240,16 @@ class KVSlots:
         mask[:n, off:new_len] = self.mask[:n, start : self.length]
         self.mask = mask
         self.length = new_len
-        self.rebuilds += 1
+
+    def _compact(self, start: int, off: int, new_len: int) -> None:
+        """`_rebuild` inside the same buffers: the live columns [start, length) of the running rows move
+        to [off, new_len). What stays right of them is K/V some row wrote earlier (finite), masked."""
+        n = self.rows
+        if n and (start != off or new_len != self.length):
+            for layer in self.layers:
+                for buf in (layer.kbuf, layer.vbuf):
+                    buf[:n, :, off:new_len] = buf[:n, :, start : self.length].clone()
+            kept = self.mask[:n, start : self.length].clone()
+            self.mask[:n] = False
+            self.mask[:n, off:new_len] = kept
+        self.length = new_len

@@ -4,11 +4,13 @@ One asyncio task runs the loop. Each iteration, under `self.lock`:
   1. admit one-token requests (liveness probes: they end at their prefill and take no running
      slot) first, then waiting requests (FIFO) while running < max_running_seqs and the running
      tokens (prompt + generated) stay <= max_running_tokens, at most `prefill_tokens_per_step`
-     prompt tokens per iteration (the first admission is always allowed);
+     prompt tokens per iteration (the first admission is always allowed); with CUDA graphs on
+     (engine/graphs.py), only once `admit_rows` rows are free or all that wait fit;
   2-3. one forward (`_step`, engine/fused.py) for the running rows' next tokens and the admitted
      prompts together: requests admitted together with the same input_ids (a GRPO group's samples)
      share one prompt in it, each draws its own token with its own generator, and each admitted
      request that goes on takes a free row of the KV slots (its K/V written there by the forward).
+     A step where no prompt joins replays a captured CUDA graph when graphs are on (GPU).
      For a model whose attention cannot run that way (`supports_fused`), the same in two parts: a
      forward per distinct prompt (`_prefill`, logits of the last position only, K/V copied into a row
      by `KVSlots.add`), then one decode forward for all running rows (right-aligned rows in fixed
@@ -38,7 +40,8 @@ from typing import Any
 import torch
 
 from asyncrl.config import EngineConfig
-from asyncrl.engine.fused import Segment, StepPlan, supports_fused, use_slot_attention
+from asyncrl.engine.fused import Segment, StepPlan, prompt_writes, supports_fused, use_slot_attention
+from asyncrl.engine.graphs import MIN_COLUMNS, DecodeGraphs, supports_graphs
 from asyncrl.engine.kvbatch import KVSlots
 from asyncrl.engine.protocol import BadRequest, GenRequest, build_reply
 from asyncrl.engine.sampling import sample_tokens, token_logprobs
@@ -61,6 +64,7 @@ class EngineCore:
         weight_version: int = 0,
         prefill_tokens_per_step: int = 2048,
         fused: bool | None = None,
+        graphs: bool | None = None,
     ):
         self.settings = settings if settings is not None else EngineConfig()
         self.model = model.eval()
@@ -98,6 +102,18 @@ class EngineCore:
             head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
             self._kv_like = torch.empty((1, int(getattr(cfg, "num_key_value_heads", None) or heads), 1, head_dim),
                                         dtype=next(model.parameters()).dtype, device=self.device)
+        # pure decode steps replayed as CUDA graphs (engine/graphs.py); `graphs=True` on a CPU runs the same
+        # static-buffer step without capturing (the tests' way to check it)
+        on_gpu = self.device.type == "cuda"
+        if graphs is None:
+            graphs = self.settings.cuda_graphs and on_gpu
+        self.graphs: DecodeGraphs | None = None
+        if graphs and self.fused and supports_graphs(model):
+            self.kv = KVSlots(self.max_running_seqs, fixed_buffers=True, min_capacity=MIN_COLUMNS)
+            self.graphs = DecodeGraphs(model, self.kv, self.max_running_seqs, capture=on_gpu)
+        # while graphs are on, waiting requests join in batches of at least this many rows (or all that
+        # wait): a step where prompts join runs eagerly, a pure decode step replays its graph
+        self.admit_rows = max(1, self.max_running_seqs // 8) if self.graphs is not None else 1
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -222,7 +238,9 @@ class EngineCore:
     def stats(self) -> dict:
         return {"running": len(self.running), "waiting": len(self.waiting), "paused": self.paused,
                 "weight_version": self.weight_version, "tokens_out": self.tokens_out, "steps": self.steps,
-                "prefills": self.prefills, "kv_rebuilds": self.kv.rebuilds}
+                "prefills": self.prefills, "kv_rebuilds": self.kv.rebuilds,
+                "graph_captures": self.graphs.captures if self.graphs else 0,
+                "graph_replays": self.graphs.replays if self.graphs else 0}
 
     # ---- the loop ----------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -287,6 +305,9 @@ class EngineCore:
             out.append(r)
             budget -= len(r.input_ids)
         slots = 0
+        free = self.max_running_seqs - len(self.running)
+        if self.running and free < min(self.admit_rows, len(self.waiting)):
+            return out  # graphs on: wait for a batch of free rows (the running ones decode meanwhile)
         tokens = sum(len(r.input_ids) + len(r.output_ids) for r in self.running)
         while self.waiting and len(self.running) + slots < self.max_running_seqs:
             need = len(self.waiting[0].input_ids)
@@ -329,6 +350,13 @@ class EngineCore:
         requests that can go on (max_new_tokens > 1) take rows after the running ones."""
         n = len(self.running)
         ids = [r.output_ids[-1] for r in self.running]
+        if self.graphs is not None and n and not groups:  # a pure decode step: its graph replays
+            col, _ = self.kv.begin_step([], self._kv_like, self._n_layers)
+            logits = self.graphs.step(ids, col)
+            self.kv.end_step(0)
+            self.steps += 1
+            self._emit(list(self.running), logits)
+            return
         segments, new_lengths, takers = [], [], []
         for g in groups:
             p, start = len(g[0].input_ids), len(ids)  # the flat row so far: decode tokens, earlier prompts
@@ -338,8 +366,7 @@ class EngineCore:
                     rows.append(n + len(takers))
                     new_lengths.append(p)
                     takers.append(r)
-            segments.append(Segment(start, start + p, rows,
-                                    torch.tensor(rows, device=self.device) if len(rows) > 1 else None))
+            segments.append(Segment(start, start + p, rows))
             ids.extend(g[0].input_ids)
         col, mask = self.kv.begin_step(new_lengths, self._kv_like, self._n_layers)
         pos = [self.kv.real[:n]] + [torch.arange(s.end - s.start, device=self.device) for s in segments]
@@ -347,7 +374,8 @@ class EngineCore:
         out = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=self.device),
                          position_ids=torch.cat(pos).unsqueeze(0).to(self.device), use_cache=False,
                          logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
-                         asyncrl_plan=StepPlan(self.kv, n, col, mask, segments))
+                         asyncrl_plan=StepPlan(self.kv, n, col, mask, segments,
+                                               prompt_writes(segments, col + 1, self.device)))
         self.kv.end_step(len(takers))
         logits = out.logits[0]
         reqs, rows = list(self.running), [logits[:n]]

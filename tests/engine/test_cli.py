@@ -55,6 +55,7 @@ def test_cli_defaults_follow_the_owner(monkeypatch):
         dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float16"
         max_running_seqs: int = 5
         max_running_tokens: int = 77
+        cuda_graphs: bool = False
 
     monkeypatch.setattr(cli, "EngineConfig", Moved)
     moved, args = Moved(), parse()
@@ -64,10 +65,16 @@ def test_cli_defaults_follow_the_owner(monkeypatch):
 
 def test_the_launchers_argv_carries_every_setting():
     engine = EngineConfig(host="127.0.0.2", device="cuda:1", dtype="bfloat16", max_running_seqs=3,
-                          max_running_tokens=77)
+                          max_running_tokens=77, cuda_graphs=False)
     assert all(getattr(engine, f) != getattr(EngineConfig(), f) for f in SETTINGS)
     assert settings_from_args(parse(*settings_argv(engine))) == engine
     assert "--device" not in settings_argv(EngineConfig())  # None: resolved by the server
+
+
+def test_a_setting_that_is_no_boolean_is_refused_naming_the_flag(capsys):
+    with pytest.raises(SystemExit):
+        parse("--cuda-graphs", "yes")
+    assert "--cuda-graphs: expected true or false, got 'yes'" in capsys.readouterr().err
 
 
 def test_a_bad_setting_is_refused_naming_flag_and_key(capsys):

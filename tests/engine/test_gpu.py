@@ -24,8 +24,11 @@ def test_embedded_engine_on_cuda_bf16(engine_model_dir):
     engine_model, model = load(), load()  # the core's own copy (it switches its attention to KV slots), the reference
     prompts = [list(range(100, 130)), [5, 6, 7], list(range(2000, 2090))]
 
+    graphs = {}
+
     async def run() -> list[dict]:
-        core = EngineCore(engine_model)
+        core = EngineCore(engine_model)  # on a GPU: decode steps replay CUDA graphs (engine/graphs.py)
+        graphs["core"] = core.graphs
         core.start()
         try:
             solo = []
@@ -43,6 +46,7 @@ def test_embedded_engine_on_cuda_bf16(engine_model_dir):
             await core.close()
 
     outs = asyncio.run(run())
+    assert graphs["core"] is not None and graphs["core"].captures > 0 and graphs["core"].replays > 16
     for p, o in zip(prompts, outs[:3]):
         with torch.inference_mode():
             ref = model.generate(torch.tensor([p], device="cuda"), max_new_tokens=16, min_new_tokens=16,
