@@ -28,16 +28,22 @@ runs the engine's per-prompt prefill and batched decode (EngineCore, `fused=Fals
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 
 from asyncrl.engine.kvbatch import KVSlots
 
 ATTENTION = "asyncrl_slots"
+# on a GPU, every attention of a step but cuDNN's: torch 2.11 picked cuDNN's SDPA for the prompts' causal
+# attention on an H200, which builds an execution plan per new sequence length on the host, ~5 ms a call:
+# 95% of a step where 13 prompts joined (2.1 s of its 2.2 s; docs/benchmarks.md "CUDA graphs")
+GPU_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 FUSED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 
 
@@ -103,6 +109,12 @@ def slot_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     plan = asyncrl_plan
     if plan is None:
         raise RuntimeError("slot_attention runs only inside an engine step (no asyncrl_plan was passed)")
+    with sdpa_kernel(GPU_BACKENDS) if query.is_cuda else contextlib.nullcontext():
+        return _slot_attention(module, query, key, value, scaling, plan)
+
+
+def _slot_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    scaling: float | None, plan: StepPlan) -> tuple[torch.Tensor, None]:
     layer = plan.kv.layers[module.layer_idx]
     _, h, t, d = query.shape
     hkv = key.shape[1]

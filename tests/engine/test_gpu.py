@@ -90,3 +90,27 @@ def test_sglang_server_greedy_and_logprobs_via_client(engine_model_dir):
     assert res.output_ids == ref and res.finish_reason == "length"
     assert max(abs(a - b) for a, b in zip(res.logprobs, lp[:, 0].tolist())) < 1e-2
     assert res.versions == [4] * 12 and versions == [4]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_a_step_where_prompts_join_never_runs_cudnn_attention(engine_model_dir):
+    """On an H200 (torch 2.11) cuDNN's SDPA took 95% of a step where 13 prompts joined: it builds an execution
+    plan per new sequence length on the host (~5 ms a call). The engine's steps keep to the other backends."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.engine.protocol import GenRequest
+    from asyncrl.engine.scheduler import EngineCore
+
+    model = AutoModelForCausalLM.from_pretrained(engine_model_dir, dtype=torch.bfloat16).to("cuda").eval()
+    core = EngineCore(model)
+    running = [GenRequest(rid=f"run{i}", input_ids=list(range(10 + i, 50 + i)), max_new_tokens=8) for i in range(3)]
+    joining = [[GenRequest(rid=f"new{i}", input_ids=list(range(100, 131 + 7 * i)), max_new_tokens=8)] for i in range(5)]
+    core._step([[r] for r in running])  # three rows running
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        core._step(joining)  # they decode while five prompts of five lengths join
+    names = {e.key for e in p.key_averages()}
+    assert "aten::scaled_dot_product_attention" in names
+    assert not any("cudnn_attention" in n for n in names), sorted(n for n in names if "attention" in n)
+    assert len(core.running) == 8
