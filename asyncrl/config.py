@@ -849,13 +849,44 @@ class WarmStartConfig:
 
 
 @dataclass
+class PlacementConfig:
+    """Which nodes host each role: the Ray resources one actor of the role asks for (asyncrl/run/placement.py).
+    A node offers a custom resource when started with it (`ray start --resources='{"engines": 4}'`)."""
+
+    engine: dict[str, float] = setting(
+        factory=dict, help='each engine actor, e.g. {engine_node: 1} or {GPU: 1}; its server runs on that node')
+    learner: dict[str, float] = setting(factory=dict, help="each learner (and critic) rank; ranks may span nodes")
+    rollout: dict[str, float] = setting(factory=dict, help="each rollout worker (its agent loops and sandboxes)")
+    buffer: dict[str, float] = setting(factory=dict, help="the replay buffer (its log is written on that node)")
+
+    def __post_init__(self) -> None:
+        for role in PLACED_ROLES:
+            for name, amount in getattr(self, role).items():
+                key = f"ray.placement.{role}.{name}"
+                _check(isinstance(name, str) and bool(name), f"ray.placement.{role}", f"a resource needs a name, got {name!r}")
+                _check(not isinstance(amount, bool) and isinstance(amount, (int, float)) and math.isfinite(amount)
+                       and amount > 0, key, f"must be a positive number, got {amount!r}")
+
+
+PLACED_ROLES = tuple(f.name for f in dataclasses.fields(PlacementConfig))  # engine, learner, rollout, buffer
+
+
+@dataclass
 class RayConfig:
     address: Optional[str] = setting(None, 'None: start a local instance; "auto": join a cluster')
     num_cpus: Optional[int] = setting(
         None, "CPUs of a local instance (None: all of the machine's); leave None to join a cluster")
+    placement: PlacementConfig = setting(
+        factory=PlacementConfig, help="which nodes host engines, learner ranks, rollout workers and the buffer")
+    place_timeout_s: float = setting(
+        120.0, "seconds a replacement actor (an engine or rollout worker whose node was lost) may wait for a node "
+        "that can host it before the run stops naming what is missing")
 
     def __post_init__(self) -> None:
         _check(self.num_cpus is None or self.num_cpus >= 1, "ray.num_cpus", f"must be >= 1, got {self.num_cpus}")
+        _check(self.address is None or self.num_cpus is None, "ray.num_cpus",
+               f"sizes a local instance only; with ray.address={self.address!r} the cluster's nodes say their CPUs")
+        _positive(self, "ray", "place_timeout_s")
 
 
 @dataclass
@@ -1046,6 +1077,10 @@ def _explain_hydra_error(message: str, overrides: list[str]) -> str:
     top = [f.name for f in dataclasses.fields(Config)]
     for ov in overrides:
         key = ov.lstrip("+~").split("=", 1)[0]
+        mapping = _mapping_field(key)
+        if mapping and not ov.startswith("+") and "use +" in message and f"'{key}'" in message:
+            return (f"override {ov!r}: {mapping} is a mapping that the config leaves empty; add to it with a "
+                    f"leading '+': '+{ov.lstrip('~')}'")
         head = key.split(".", 1)[0]
         if not key or "." not in key and group_options(head) is not None:
             continue  # a group selection, not a key: only `_bad_group_option` speaks about those
@@ -1075,6 +1110,20 @@ def _bad_group_option(override: str) -> Optional[str]:
     close = difflib.get_close_matches(value, options, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"{key}={value}: no such option in config group {key!r}{hint}; available: {', '.join(options)}"
+
+
+def _mapping_field(key: str) -> Optional[str]:
+    """The dotted name of the schema's mapping (a dict field) that `key` is or lies under, else None."""
+    cls: Any = Config
+    parts = key.split(".")
+    for i, p in enumerate(parts):
+        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+        if p not in hints:
+            return None
+        if typing.get_origin(hints[p]) is dict:
+            return ".".join(parts[: i + 1])
+        cls = hints[p]
+    return None
 
 
 def _section_fields(head: str, key: str) -> Optional[list[str]]:

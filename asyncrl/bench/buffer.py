@@ -289,7 +289,7 @@ def run_ray(a) -> tuple[float, int]:
             return n
 
     per = _per_producer(a)
-    ray.init(num_cpus=a.producers + 2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=a.producers + 2, include_dashboard=False, log_to_driver=False)
     try:
         q = RayQueue.remote()
         prods = [RayProducer.remote(k, a.tokens, a.group_size) for k in range(a.producers)]

@@ -209,13 +209,24 @@ class EngineClient:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _post_generate(self, url: str, body: dict, rid: str | None) -> Any:
-        """One /generate with retries; every attempt has a fresh rid."""
+    def set_urls(self, urls: Sequence[str]) -> None:
+        """Engine i is now reached at urls[i] (a relaunch on another node); requests and retries that start
+        from now on go there, sticky sessions keep their index."""
+        urls = [u.rstrip("/") for u in urls]
+        if len(urls) != len(self.urls):
+            raise ValueError(f"set_urls: {len(urls)} URLs for {len(self.urls)} engines")
+        self.urls = urls
+
+    async def _post_generate(self, i: int, body: dict, rid: str | None) -> tuple[Any, str]:
+        """One /generate to engine i with retries (each to its URL at that moment); every attempt has a fresh
+        rid. Returns the reply and the URL that gave it."""
         last: BaseException | None = None
+        url = self.urls[i]
         for attempt in range(self.max_retries + 1):
             if attempt:
                 self.retries += 1
                 await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+            url = self.urls[i]
             body["rid"] = wire_rid(rid)
             try:
                 r = await self._client().post(f"{url}/generate", json=body)
@@ -235,7 +246,7 @@ class EngineClient:
             if r.status_code >= 400:
                 raise EngineRequestError(f"POST {url}/generate: HTTP {r.status_code}: {r.text[:500]}", r.status_code)
             try:
-                return r.json()
+                return r.json(), url
             except ValueError:
                 raise EngineRequestError(f"POST {url}/generate: reply is not JSON: {r.text[:200]!r}") from None
         raise EngineRequestError(f"POST {url}/generate failed after {self.max_retries + 1} attempts: {last!r}",
@@ -262,7 +273,7 @@ class EngineClient:
                 sp["max_new_tokens"] = budget - len(out)
                 sp["min_new_tokens"] = max(0, sampling.min_new_tokens - len(out))
                 body = {"input_ids": list(input_ids) + out, "sampling_params": sp, "return_logprob": True}
-                data = await self._post_generate(url, body, rid)
+                data, url = await self._post_generate(i, body, rid)
                 piece = parse_generate_reply(data, engine=url)
                 out += piece.output_ids
                 logprobs += piece.logprobs

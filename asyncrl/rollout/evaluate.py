@@ -54,6 +54,13 @@ class EvalActor:
     def __init__(self, cfg: Config, engine_urls: list[str], tool_overrides: dict, rows: list[dict[str, Any]]):
         self.cfg, self.urls, self.overrides, self.rows = cfg, engine_urls, tool_overrides, rows
         self.ctx = None
+        self.client: EngineClient | None = None
+
+    def set_engine_urls(self, urls: list[str]) -> None:
+        """An engine was relaunched elsewhere: evaluations from now on use its new URL."""
+        self.urls = list(urls)
+        if self.client is not None:
+            self.client.set_urls(self.urls)
 
     async def evaluate(self, version: int) -> dict[str, float]:
         if self.ctx is None:
@@ -62,7 +69,7 @@ class EvalActor:
 
             registry.load_all(self.cfg.plugins, learner=False)  # no loss is looked up here: no torch
             e = self.cfg.engine  # its patience is the run's, as the rollout workers' is
-            client = EngineClient(self.urls, timeout_s=e.request_timeout_s, max_retries=e.max_retries)
-            self.ctx = AgentContext.for_config(self.cfg, client, load_tokenizer(self.cfg.model), self.overrides)
+            self.client = EngineClient(self.urls, timeout_s=e.request_timeout_s, max_retries=e.max_retries)
+            self.ctx = AgentContext.for_config(self.cfg, self.client, load_tokenizer(self.cfg.model), self.overrides)
         out = await evaluate_rows(self.ctx, self.rows, self.cfg.trainer.eval_pass_k, self.cfg.agent.name)
         return {**out, "eval/version": version}

@@ -41,6 +41,7 @@ from asyncrl.learner.checkpoint import CheckpointDiskFull, checkpoint_version, p
 from asyncrl.learner.memory_estimate import lower_learner_memory
 from asyncrl.metrics import MetricsLogger
 from asyncrl.run.fleet import Fleet, load_rows
+from asyncrl.run.placement import cluster_problems
 from asyncrl.run.ray_auth import private_local_ray, readable_token_file
 from asyncrl.run.watchdog import Verdict, Watchdog
 from asyncrl.run_dir import (
@@ -146,6 +147,10 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
     except MemoryBudgetExceeded as e:
         _report(out, settle(memory_stop(e), {}))
         return EXIT_WATCHDOG
+    # a cluster is joined, and checked against the run (placement, addresses, shared storage), before the
+    # warm start: what it cannot hold is said before minutes of work
+    if joins and (refused := _start_ray(cfg, runtime_env, stop_signal, out)) is not None:
+        return refused
     warm, ended = _warm_start(cfg, rows, out, start, stop_signal, tuple(secret_env.values()))
     if ended is not None:
         return ended
@@ -154,9 +159,9 @@ def _run(cfg: Config, rows: list[dict] | None, out: Path, start: RunStart, secre
               f"(trainer.max_minutes; 0: none)" if cfg.trainer.max_minutes else "")
     log.info("run %s in %s; %d training prompts; mode %s, max_staleness %d%s", start.run_id, out, len(rows),
              cfg.trainer.mode, cfg.algorithm.max_staleness, budget)
-    ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus, include_dashboard=False,
-             ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING, runtime_env=runtime_env)
-    stop_on_signals(stop_signal)  # ray.init made SIGTERM call sys.exit: a scheduler's stop would be a crash
+    if not joins:  # a local instance of the run's own starts after the warm start, which needs none of it
+        if (refused := _start_ray(cfg, runtime_env, stop_signal, out)) is not None:
+            return refused
     deadline = started + 60 * cfg.trainer.max_minutes if cfg.trainer.max_minutes else None
     metrics = MetricsLogger(out, wandb_mode=cfg.trainer.wandb, project=cfg.trainer.wandb_project,
                             config=shown_config(cfg), progress=cfg.trainer.progress, total_steps=cfg.trainer.total_steps,
@@ -259,6 +264,26 @@ def reserve_summary_room(layout: RunLayout) -> None:
         log.warning("could not hold %d bytes for the summary in %s: %s", SUMMARY_ROOM, layout.root, e)
 
 
+def _start_ray(cfg: Config, runtime_env: dict | None, stop_signal: dict, out: Path) -> int | None:
+    """ray.init, then the cluster's check (asyncrl/run/placement.py): None, or the exit code of a refusal (its
+    summary written, every problem named)."""
+    # a run of its own starts its own instance ("local"): with no address, ray.init would join whatever Ray
+    # instance was last started on this machine (its /tmp/ray/ray_current_cluster), another user's included
+    address = cfg.ray.address if joins_cluster(cfg) else "local"
+    ray.init(address=address, num_cpus=cfg.ray.num_cpus, include_dashboard=False,
+             ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING, runtime_env=runtime_env)
+    stop_on_signals(stop_signal)  # ray.init made SIGTERM call sys.exit: a scheduler's stop would be a crash
+    problems = cluster_problems(cfg, out)
+    if not problems:
+        return None
+    for p in problems:
+        log.error("the Ray cluster cannot hold this run: %s", p)
+    _report(out, settle({"exit_code": EXIT_CONFIG, "exit_reason": "refused: the Ray cluster cannot hold this run",
+                         "diagnosis": "; ".join(problems)}, {}))
+    ray.shutdown()
+    return EXIT_CONFIG
+
+
 def memory_stop(e: MemoryBudgetExceeded) -> dict[str, Any]:
     """How a run that stopped at trainer.memory_stop_fraction ends (exit 4); the diagnosis is the message of
     the process that found it (without Ray's traceback around it, where a Ray actor raised it)."""
@@ -346,13 +371,15 @@ def _report(out: Path, summary: dict[str, Any]) -> None:
     n = {k: "?" if summary.get(k) is None else summary[k] for k in ("steps_trained", "episodes", "episodes_failed", "prompts_skipped",
                                          "groups_dropped_stale", "groups_dropped_failed", "worker_restarts",
                                          "engine_restarts")}
+    moved = (f" ({summary['engines_replaced']} started anew on another node: theirs was lost)"
+             if summary.get("engines_replaced") else "")
     filtered = (f", {summary['groups_filtered_uniform']} of equal rewards (dynamic sampling; "
                 f"{summary.get('groups_served_uniform', 0)} trained past its bound)"
                 if summary.get("groups_filtered_uniform") or summary.get("groups_served_uniform") else "")
     print(f"asyncrl train: {summary['exit_reason']} (exit {summary['exit_code']}): {n['steps_trained']} steps "
           f"trained; {n['episodes']} episodes stored, {n['episodes_failed']} failed; {n['prompts_skipped']} prompts "
           f"skipped; groups dropped unserved: {n['groups_dropped_stale']} stale, {n['groups_dropped_failed']} all "
-          f"failed{filtered}; {n['worker_restarts']} worker and {n['engine_restarts']} engine restarts; summary in "
+          f"failed{filtered}; {n['worker_restarts']} worker and {n['engine_restarts']} engine restarts{moved}; summary in "
           f"{path}", flush=True)
     if memory := summary.get("memory"):
         print("asyncrl train: peak resident memory (GiB): " + ", ".join(

@@ -8,21 +8,27 @@ the order they were made, so an update still running when the next `values` come
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import ray
 
 from asyncrl.config import Config
+from asyncrl.run.placement import group_env, node_rendezvous
 
 
 @ray.remote
 class CriticActor:
     def __init__(self, cfg: Config, rank: int, world_size: int, master_addr: str, master_port: int):
-        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
-                          WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+        group_env(master_addr, master_port, rank, world_size)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.worker: Any = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0: this node's IP and a free port on it (see LearnerActor.rendezvous)."""
+        return node_rendezvous()
+
+    def set_master(self, master_addr: str, master_port: int) -> None:
+        group_env(master_addr, master_port, self.rank, self.world_size)
 
     def setup(self, threads: Optional[int] = None) -> int:
         # lazy: imports torch, which this module does not load otherwise

@@ -18,7 +18,7 @@ from asyncrl.engine.launcher import EngineProcess, launch_configured
 from asyncrl.run.engine_watch import EngineWatch
 from asyncrl.run_dir import RunLayout
 from asyncrl.util.memory import peak_gb
-from asyncrl.util.net import free_port
+from asyncrl.util.net import advertised, free_port
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +33,19 @@ class EngineActor:
         self.restarts = 0
 
     def start(self, weight_version: int = 0) -> str:
-        """Launch the server on `model_dir`, whose weights are policy version `weight_version`."""
+        """Launch the server on `model_dir`, whose weights are policy version `weight_version`; returns the URL
+        the run's other processes reach it at (a wildcard host: this node's IP)."""
         logs = str(RunLayout(self.cfg.trainer.output_dir).engines)  # kept with the run, one dir per launch
         self.proc = launch_configured(self.cfg, self.model_dir, port=self.port, threads=self.threads,
                                       weight_version=weight_version, log_dir=logs)
         e = self.cfg.engine
         self.watch = EngineWatch(self.proc, e.probe_timeout_s, e.probe_failures, e.type)
-        return self.proc.url
+        return self.url()
 
     def url(self) -> Optional[str]:
-        return self.proc.url if self.proc is not None else None
+        if self.proc is None:
+            return None
+        return advertised(self.proc.url, ray.util.get_node_ip_address())
 
     def alive(self) -> bool:
         """Running and passing its kind's probe; a hung engine is killed here (see EngineWatch)."""

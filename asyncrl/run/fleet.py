@@ -41,6 +41,7 @@ from asyncrl.rollout.evaluate import EvalActor
 from asyncrl.rollout.reward_model import reward_model_actor
 from asyncrl.run.engine_actor import EngineActor
 from asyncrl.run.learner_group import CriticGroup, LearnerGroup
+from asyncrl.run.placement import actor_options, alive_nodes
 from asyncrl.run.rollout_actor import RolloutActor
 from asyncrl.run.supervisor import Supervisor
 from asyncrl.run_dir import RunLayout, critic_dir, step_dir
@@ -64,6 +65,8 @@ class Fleet:
         self.version = 0  # the learner's version as last published (set only by publish_version)
         self.buffer = None
         self.engines: list[Any] = []
+        self._engine_threads: Optional[int] = None
+        self.nodes = 1
         self.learners: Optional[LearnerGroup] = None
         self.critics: Optional[CriticGroup] = None  # algorithm.critic.placement=separate
         self.supervisor: Optional[Supervisor] = None
@@ -89,7 +92,10 @@ class Fleet:
         keys = BufferKeys.for_run(cfg.buffer)  # None without CURVE; each process gets only its role's pair
         a = cfg.algorithm  # dynamic sampling: groups of equal rewards the buffer may close between two batches
         uniform_limit = a.dynamic_sampling_max_rounds * cfg.trainer.batch_groups if a.dynamic_sampling else None
-        self.buffer = BufferActor.remote(cfg.buffer, wal_dir, a.max_staleness, keys, uniform_limit)
+        self.nodes = len(alive_nodes())  # several: the learner ranks' group meets at rank 0's node
+        place = cfg.ray.placement
+        self.buffer = BufferActor.options(**actor_options(place.buffer)).remote(
+            cfg.buffer, wal_dir, a.max_staleness, keys, uniform_limit)
         address = ray.get(self.buffer.address.remote())
         self.buffer_producer, consumer = (endpoint(keys, address, r) for r in ("producer", "consumer"))
         engine_threads, learner_threads = cpu_threads(cfg.trainer.mode, available_cpus(), cfg.engine.num_engines,
@@ -98,19 +104,19 @@ class Fleet:
         n_engines = len(cfg.engine.urls) if cfg.engine.urls else cfg.engine.num_engines
         status(f"starting {cfg.trainer.learner_ranks} learner rank(s) and "
                f"{'attaching' if cfg.engine.urls else 'launching'} {n_engines} engine(s)")
-        self.learners = LearnerGroup(cfg, consumer, learner_threads)
+        self.learners = LearnerGroup(cfg, consumer, learner_threads, nodes=self.nodes)
         c = cfg.algorithm.critic
         if cfg.algorithm.adv_estimator == "gae" and c.placement == "separate":  # the critic's own ranks
             status(f"starting {c.ranks} critic rank(s)")
-            self.critics = CriticGroup(cfg, learner_threads)
+            self.critics = CriticGroup(cfg, learner_threads, nodes=self.nodes)
         if cfg.reward_model.kind == "discriminative":  # its own worker, shared by every rollout worker
             self.reward_model = reward_model_actor().remote(cfg.reward_model)
             ray.get(self.reward_model.ready.remote())
         if cfg.engine.urls:  # attached servers: not ours to launch or restart
             self.engine_urls = list(cfg.engine.urls)
         else:
-            self.engines = [EngineActor.remote(cfg, model_dir, i, threads=engine_threads)
-                            for i in range(cfg.engine.num_engines)]
+            self._engine_threads = engine_threads
+            self.engines = [self._spawn_engine(i, model_dir) for i in range(cfg.engine.num_engines)]
             self.engine_urls = ray.get([e.start.remote() for e in self.engines])
         self.learners.wait_ready()
         if self.critics is not None:
@@ -118,7 +124,9 @@ class Fleet:
         self.supervisor = Supervisor(engines=self.engines, engine_urls=self.engine_urls, learners=self.learners,
                                      base_weights=model_dir, restart_weights=self.layout.engine_restart_weights,
                                      spawn_worker=self._spawn_worker, buffer=self.buffer,
-                                     probe_timeout_s=cfg.engine.probe_timeout_s)
+                                     probe_timeout_s=cfg.engine.probe_timeout_s, spawn_engine=self._spawn_engine,
+                                     engines_moved=self._engines_moved,
+                                     place_timeout_s=cfg.ray.place_timeout_s + cfg.engine.launch_timeout_s)
         positions = [RolloutPosition() for _ in range(cfg.trainer.rollout_workers)]
         version = 0
         if resume_from is not None:
@@ -143,8 +151,22 @@ class Fleet:
         status(f"starting {len(positions)} rollout worker(s)")
         self.supervisor.start_workers(positions, self.version)
 
+    def _spawn_engine(self, i: int, model_dir: str) -> Any:
+        """Engine actor i (not started), placed by ray.placement.engine: on a lost node's replacement, Ray
+        picks a node that still offers it."""
+        return EngineActor.options(**actor_options(self.cfg.ray.placement.engine)).remote(
+            self.cfg, model_dir, i, threads=self._engine_threads)
+
+    def _engines_moved(self, urls: list[str]) -> None:
+        """An engine now answers at another URL (relaunched on another node): the live rollout workers and
+        the evaluator send to it from now on (the learners re-join every engine after any relaunch)."""
+        for w in self.supervisor.workers if self.supervisor is not None else []:
+            _quietly(lambda: ray.get(w.set_engine_urls.remote(urls), timeout=STOP_TIMEOUT_S))
+        if self.evaluator is not None:
+            _quietly(lambda: ray.get(self.evaluator.set_engine_urls.remote(urls), timeout=STOP_TIMEOUT_S))
+
     def _spawn_worker(self, r: int, position: RolloutPosition, version: int) -> Any:
-        return RolloutActor.remote(self.cfg, r, self.cfg.trainer.rollout_workers, self.engine_urls,
+        return RolloutActor.options(**actor_options(self.cfg.ray.placement.rollout)).remote(self.cfg, r, self.cfg.trainer.rollout_workers, self.engine_urls,
                                    self.buffer_producer, str(self.out), self.tool_overrides, self.rows,
                                    position=position, version=version, run_id=self.run_id,
                                    reward_model=self.reward_model)
@@ -246,6 +268,8 @@ class Fleet:
                 "trajectories_dropped_stale": buffer_count("dropped_stale"),
                 "worker_restarts": int(faults.get("faults/worker_restarts", 0)),
                 "engine_restarts": int(faults.get("faults/engine_restarts", 0)),
+                # of those, engines whose actor was gone too (a node lost): started anew elsewhere
+                "engines_replaced": int(faults.get("faults/engines_replaced", 0)),
                 # each role's largest resident memory in GiB (the learner's: its largest step's peak)
                 "memory": {k.removeprefix("memory/"): round(v, 3) for k, v in sorted(self.memory_peaks.items())}}
 
@@ -319,7 +343,7 @@ class Fleet:
     def start_eval(self) -> None:
         if self.evaluator is None:
             val = load_rows(self.cfg, resolve_env(self.cfg.env.name), "val")[: self.cfg.trainer.eval_samples]
-            self.evaluator = EvalActor.remote(self.cfg, self.engine_urls, self.tool_overrides, val)
+            self.evaluator = EvalActor.options(**actor_options(self.cfg.ray.placement.rollout)).remote(self.cfg, self.engine_urls, self.tool_overrides, val)
         self._evals.append((self.step, self.evaluator.evaluate.remote(self.version)))
 
     def finished_evals(self, wait: bool = False) -> list[tuple[int, dict]]:

@@ -16,7 +16,6 @@ is repaired on resume by committing them again.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any, Optional
 
@@ -28,6 +27,7 @@ from asyncrl.buffer.client import BufferConsumer
 from asyncrl.buffer.keys import BufferEndpoint
 from asyncrl.config import Config
 from asyncrl.data.job_state import JobState, StepResult
+from asyncrl.run.placement import group_env, node_rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +35,21 @@ log = logging.getLogger(__name__)
 @ray.remote
 class LearnerActor:
     def __init__(self, cfg: Config, rank: int, world_size: int, master_addr: str, master_port: int):
-        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
-                          WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+        """`master_addr`/`master_port`: where the ranks' process group meets (rank 0's node; a port of 0: rank 0
+        has not been asked yet, `rendezvous` then `set_master` before `setup`)."""
+        group_env(master_addr, master_port, rank, world_size)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.worker = None
         self.consumer = None
         self.sender = None
         self.uncommitted: list[int] = []
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0: this node's IP and a free port on it (the group's meeting point when ranks span nodes)."""
+        return node_rendezvous()
+
+    def set_master(self, master_addr: str, master_port: int) -> None:
+        group_env(master_addr, master_port, self.rank, self.world_size)
 
     def setup(self, buffer: Optional[BufferEndpoint], threads: Optional[int] = None) -> int:
         # lazy: imports torch, which this module does not load otherwise

@@ -31,6 +31,7 @@ from asyncrl.config import Config
 from asyncrl.data.job_state import JobState, StepResult
 from asyncrl.run.critic_actor import CriticActor
 from asyncrl.run.learner_actor import LearnerActor
+from asyncrl.run.placement import actor_options
 from asyncrl.util.net import free_port
 
 DEATH_GRACE_S = 30.0  # after one rank fails, how long to look for a rank that died (the root cause)
@@ -112,12 +113,26 @@ class RankGroup:
                 pass
 
 
+def _start_ranks(actor_class: Any, cfg: Config, n: int, nodes: int) -> list[Any]:
+    """n rank actors placed by ray.placement.learner, told where their group meets: 127.0.0.1 on one node,
+    else rank 0's node IP and a port free there (asyncrl/run/placement.py)."""
+    opts = actor_options(cfg.ray.placement.learner)
+    if nodes < 2:
+        port = free_port()
+        return [actor_class.options(**opts).remote(cfg, r, n, "127.0.0.1", port) for r in range(n)]
+    actors = [actor_class.options(**opts).remote(cfg, r, n, "127.0.0.1", 0) for r in range(n)]
+    host, port = ray.get(actors[0].rendezvous.remote())
+    for a in actors:
+        a.set_master.remote(host, port)  # an actor's calls run in order: before its setup
+    return actors
+
+
 class LearnerGroup(RankGroup):
-    def __init__(self, cfg: Config, buffer: BufferEndpoint, threads: Optional[int] = None):
-        """`buffer`: the consumer's endpoint (its CURVE key pair, if any), handed to rank 0 alone."""
-        port, n = free_port(), cfg.trainer.learner_ranks
+    def __init__(self, cfg: Config, buffer: BufferEndpoint, threads: Optional[int] = None, nodes: int = 1):
+        """`buffer`: the consumer's endpoint (its CURVE key pair, if any), handed to rank 0 alone; `nodes`: the
+        cluster's alive nodes (several: the ranks' group meets at rank 0's node)."""
         self.deadline_s = cfg.trainer.learner_timeout_s
-        self.actors = [LearnerActor.remote(cfg, r, n, "127.0.0.1", port) for r in range(n)]
+        self.actors = _start_ranks(LearnerActor, cfg, cfg.trainer.learner_ranks, nodes)
         # set-up runs while the caller starts other parts (the engines); wait_ready() waits for it
         self._setup = [a.setup.remote(buffer if r == 0 else None, threads) for r, a in enumerate(self.actors)]
 
@@ -188,10 +203,9 @@ class CriticGroup(RankGroup):
 
     role = "critic"
 
-    def __init__(self, cfg: Config, threads: Optional[int] = None):
-        port, n = free_port(), cfg.algorithm.critic.ranks
+    def __init__(self, cfg: Config, threads: Optional[int] = None, nodes: int = 1):
         self.deadline_s = cfg.trainer.learner_timeout_s
-        self.actors = [CriticActor.remote(cfg, r, n, "127.0.0.1", port) for r in range(n)]
+        self.actors = _start_ranks(CriticActor, cfg, cfg.algorithm.critic.ranks, nodes)
         self._setup = [a.setup.remote(threads) for a in self.actors]
         self._update: list[Any] = []
         self._finished: dict[str, float] = {}  # metrics of an update waited for but not yet taken

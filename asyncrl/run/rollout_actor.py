@@ -25,6 +25,7 @@ class RolloutActor:
         self.position, self.version, self.run_id = position, version, run_id
         self.reward_model = reward_model  # the RewardModelActor's handle (reward_model.kind=discriminative)
         self.worker = None
+        self.client: EngineClient | None = None
         self.task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -33,7 +34,8 @@ class RolloutActor:
 
         cfg, worker_id, num_workers, urls, buffer, output_dir, overrides, rows = self.args
         registry.load_all(cfg.plugins, learner=False)  # no loss is looked up here: no torch
-        client = EngineClient(urls, timeout_s=cfg.engine.request_timeout_s, max_retries=cfg.engine.max_retries)
+        client = self.client = EngineClient(urls, timeout_s=cfg.engine.request_timeout_s,
+                                            max_retries=cfg.engine.max_retries)
         self.worker = RolloutWorker(
             cfg, worker_id=worker_id, num_workers=num_workers, rows=rows, engine=client,
             tokenizer=load_tokenizer(cfg.model), buffer_address=buffer, output_dir=output_dir,
@@ -41,6 +43,11 @@ class RolloutActor:
             reward_scorer=None if self.reward_model is None else ActorScorer(self.reward_model),
         )
         self.task = asyncio.create_task(self.worker.run())  # re-issues the position's in-flight groups first
+
+    async def set_engine_urls(self, urls: list[str]) -> None:
+        """An engine was relaunched elsewhere (its node was lost): its generations go to its new URL."""
+        if self.client is not None:
+            self.client.set_urls(urls)
 
     async def set_version(self, version: int) -> None:
         await self.worker.set_version(version)

@@ -9,7 +9,10 @@ Rollout worker r:
   RUNNING --state() answers in HEALTH_TIMEOUT_S--> RUNNING   its RolloutState (position, counters) recorded
   RUNNING --state() raises or times out----------> DEAD      the actor is killed
   DEAD    --same check---------------------------> RUNNING   a new actor at the last recorded position and
-                                                             `version`; it re-issues the groups it had in flight
+                                                             `version`; it re-issues the groups it had in flight;
+                                                             placed where ray.placement.rollout allows (its node
+                                                             may be gone); not started in place_timeout_s:
+                                                             PlacementFailed (the run stops)
 Engine i (only engines this job launched; attached ones, `engine.urls`, are not supervised):
   UP   --alive() answers true--------------------> UP        alive(): the process runs and answers a one-token
                                                              /generate within engine.probe_timeout_s, or has
@@ -19,6 +22,10 @@ Engine i (only engines this job launched; attached ones, `engine.urls`, are not 
   DOWN --same check, all DOWN engines together---> UP        relaunched on its port from the learner's current
                                                              weights, told the learner's version; then the
                                                              learner group re-joins every engine (new sync group)
+  DOWN --its actor is gone too (node lost)-------> UP        a new actor where ray.placement.engine allows, from
+                                                             the same weights and version; a new URL goes to the
+                                                             live rollout workers and the evaluator; none placed
+                                                             in place_timeout_s: PlacementFailed (run stops)
 
 Replay buffer (one, no restart):
   SERVING --health() answers None----------------> SERVING
@@ -48,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from asyncrl.config import EngineConfig
 from asyncrl.data.job_state import RolloutPosition, RolloutState
@@ -66,11 +74,16 @@ class EngineStatus(enum.Enum):
     DOWN = "down"
 
 
+class PlacementFailed(RuntimeError):
+    """A part whose node was lost has no node left to go to (ray.placement): the run cannot go on."""
+
+
 class BufferFailed(RuntimeError):
     """The replay buffer's service stopped with an error (or its actor is gone): the run cannot go on."""
 
 
 SpawnWorker = Callable[[int, RolloutPosition, int], Any]  # (worker id, position, version) -> actor, not started
+SpawnEngine = Callable[[int, str], Any]  # (engine index, weights dir) -> actor, not started
 
 
 class Supervisor:
@@ -78,17 +91,22 @@ class Supervisor:
 
     def __init__(self, *, engines: list[Any], engine_urls: list[str], learners: LearnerGroup, base_weights: str,
                  restart_weights: Path, spawn_worker: SpawnWorker, buffer: Any = None,
-                 probe_timeout_s: float = EngineConfig.probe_timeout_s):
+                 probe_timeout_s: float = EngineConfig.probe_timeout_s, spawn_engine: SpawnEngine | None = None,
+                 engines_moved: Callable[[list[str]], None] = lambda urls: None, place_timeout_s: float = 420.0):
+        """`spawn_engine(i, weights)`: a new, unstarted actor for engine i (its old one is gone with its node);
+        `engines_moved(urls)`: tell the live parts an engine's URL changed; `place_timeout_s`: how long a
+        replacement (engine or rollout worker) may take to be placed and started before the run stops."""
         self.engines, self.engine_urls, self.learners, self.buffer = engines, engine_urls, learners, buffer
         # alive() may take a probe, then a /stats read, before it answers
         self.engine_timeout_s = 2 * probe_timeout_s + self.HEALTH_TIMEOUT_S
         self.base_weights, self.restart_weights, self.spawn_worker = base_weights, restart_weights, spawn_worker
+        self.spawn_engine, self.engines_moved, self.place_timeout_s = spawn_engine, engines_moved, place_timeout_s
         self.engine_status = [EngineStatus.UP] * len(engines)
         self.workers: list[Any] = []
         self.worker_status: list[WorkerStatus] = []
         self.positions: list[RolloutPosition] = []
         self.states: list[RolloutState | None] = []  # the last report of each worker (None: none yet)
-        self.faults = {"faults/worker_restarts": 0, "faults/engine_restarts": 0}
+        self.faults = {"faults/worker_restarts": 0, "faults/engine_restarts": 0, "faults/engines_replaced": 0}
 
     def start_workers(self, positions: list[RolloutPosition], version: int) -> None:
         self.positions, self.states = list(positions), [None] * len(positions)
@@ -132,7 +150,11 @@ class Supervisor:
                 continue
             self.faults["faults/worker_restarts"] += 1
             self.workers[r] = self.spawn_worker(r, self.positions[r], version)
-            ray.get(self.workers[r].start.remote())
+            try:  # a lost node's worker goes where the placement still allows; none: the run stops saying so
+                ray.get(self.workers[r].start.remote(), timeout=self.place_timeout_s)
+            except GetTimeoutError:
+                raise PlacementFailed(f"rollout worker {r} could not be started again within {self.place_timeout_s:.0f} s: "
+                                      "no alive node can host it (ray.placement.rollout; its node was lost?)") from None
             self.worker_status[r] = WorkerStatus.RUNNING
 
     def record(self, r: int, st: RolloutState) -> None:
@@ -153,12 +175,35 @@ class Supervisor:
         if version > 0:
             weights = str(self.restart_weights)
             self.learners.export(weights)
+        moved = False
         for i in down:
             log.warning("engine %d is down: restarting it on its port with the weights of version %d", i, version)
             self.faults["faults/engine_restarts"] += 1
-            self.engine_urls[i] = ray.get(self.engines[i].restart.remote(weights, version))
+            try:
+                self.engine_urls[i] = ray.get(self.engines[i].restart.remote(weights, version))
+            except RayActorError:  # the actor itself is gone (its node lost): a new one where placement allows
+                if self.spawn_engine is None:
+                    raise
+                url = self._replace_engine(i, weights, version)
+                log.warning("engine %d serves again, at %s (was %s)", i, url, self.engine_urls[i])
+                moved = moved or url != self.engine_urls[i]
+                self.engine_urls[i] = url
             self.engine_status[i] = EngineStatus.UP
+        if moved:
+            self.engines_moved(list(self.engine_urls))
         self.learners.connect_engines(self.engine_urls)
+
+    def _replace_engine(self, i: int, weights: str, version: int) -> str:
+        log.warning("engine %d's actor is gone (its node was lost?): starting a new one where ray.placement.engine "
+                    "allows, from the weights of version %d", i, version)
+        _quietly(lambda: ray.kill(self.engines[i]))
+        self.faults["faults/engines_replaced"] += 1
+        self.engines[i] = self.spawn_engine(i, weights)
+        try:
+            return ray.get(self.engines[i].start.remote(version), timeout=self.place_timeout_s)
+        except GetTimeoutError:
+            raise PlacementFailed(f"engine {i} could not be started again within {self.place_timeout_s:.0f} s: no alive "
+                                  "node can host it (ray.placement.engine; its node was lost)") from None
 
 
 def _quietly(fn: Callable[[], Any]) -> Any:

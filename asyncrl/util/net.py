@@ -33,3 +33,14 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def advertised(url: str, node_ip: str) -> str:
+    """`url` as other machines reach it: a wildcard host (a server bound to every interface) becomes `node_ip`."""
+    from urllib.parse import urlsplit, urlunsplit  # lazy: the one function here that parses URLs
+
+    parts = urlsplit(url)
+    if parts.hostname not in ("0.0.0.0", "::", "*"):  # urlsplit gives [::] as "::"
+        return url
+    netloc = f"{node_ip}:{parts.port}" if parts.port else node_ip
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -41,10 +41,18 @@ log = logging.getLogger(__name__)
 
 
 def master_address_for(urls: list[str]) -> str:
-    """127.0.0.1 when every engine is on loopback, else this host's address as the others see it."""
+    """127.0.0.1 when every engine is on loopback, else this host's address as the others see it (its Ray
+    node's IP inside a Ray worker: the address the cluster's other nodes reach it at)."""
     hosts = [urlparse(u).hostname or "" for u in urls]
     if all(is_loopback(h) for h in hosts):
         return "127.0.0.1"
+    try:
+        import ray  # lazy: the sender runs without Ray too (tests, benches); inside a Ray worker it is loaded
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
     return socket.gethostbyname(socket.gethostname())
 
 

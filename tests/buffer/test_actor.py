@@ -21,7 +21,7 @@ def test_buffer_actor_serves_and_reports(tmp_path):
 
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         cfg = BufferConfig(curve="on")
         keys = BufferKeys.for_run(cfg)

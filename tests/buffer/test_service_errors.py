@@ -131,7 +131,7 @@ def test_supervisor_stops_the_run_when_the_buffer_actor_reports_its_error(tmp_pa
 
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         actor = BufferActor.remote(BufferConfig(fsync="each", curve="off"), str(tmp_path / "wal"), 0, None)
         addr = ray.get(actor.address.remote())

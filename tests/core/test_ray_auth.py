@@ -20,7 +20,7 @@ HEAD = """
 import os, sys, ray
 from asyncrl.run.ray_auth import private_local_ray
 private_local_ray()
-ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
 print(ray.get_runtime_context().gcs_address, os.environ["RAY_AUTH_TOKEN"], flush=True)
 sys.stdin.readline()
 ray.shutdown()

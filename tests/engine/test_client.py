@@ -261,3 +261,28 @@ async def test_cancelled_generate_aborts_its_request_on_the_engine(engine):
 def test_client_needs_a_url():
     with pytest.raises(ValueError, match="at least one engine URL"):
         EngineClient([])
+
+
+async def test_a_retry_goes_to_the_url_the_engine_moved_to(engine, monkeypatch):
+    """An engine relaunched on another node answers at a new URL (asyncrl/run/supervisor.py): a generation
+    whose attempt failed at the old one retries at the new one, on the same router index."""
+    from asyncrl.engine import client as client_module
+    from asyncrl.util.net import free_port
+
+    gone = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the lost node's engine
+    c = EngineClient([gone], max_retries=1, backoff_s=0.0)
+    real_sleep = asyncio.sleep
+
+    async def moved_while_backing_off(seconds: float) -> None:
+        c.set_urls([engine.url])  # what RolloutActor.set_engine_urls does when the supervisor says so
+        await real_sleep(0)
+
+    monkeypatch.setattr(client_module.asyncio, "sleep", moved_while_backing_off)
+    try:
+        res = await c.generate([1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=3, min_new_tokens=3))
+    finally:
+        monkeypatch.undo()
+        await c.close()
+    assert res.engine == engine.url and len(res.output_ids) == 3 and c.retries == 1
+    with pytest.raises(ValueError, match="set_urls: 2 URLs for 1 engines"):
+        c.set_urls([engine.url, gone])
