@@ -34,7 +34,7 @@ def _placed(cluster_address: str, model_dir, out, **extra) -> list[str]:
         "+ray.placement.engine": "{engine: 1}", "+ray.placement.rollout": "{rollout: 1}", **extra})
 
 
-@pytest.mark.heavy(60)
+@pytest.mark.heavy(100)
 def test_a_run_across_five_nodes_heals_the_loss_of_its_engine_node_then_its_rollout_node(tiny_model_dir, tmp_path):
     """Head (the buffer), two learner nodes (one rank each: a gloo group across nodes), node X (the engine),
     node W (both rollout workers). After step 1 a node Y that can take either joins and X is removed: the
