@@ -84,7 +84,6 @@ class EngineCore:
         self.lock = asyncio.Lock()
         self.waiting: collections.deque[GenRequest] = collections.deque()
         self.running: list[GenRequest] = []  # row i of self.kv is running[i]
-        self.kv = KVSlots(self.max_running_seqs)
         self.live: dict[str, GenRequest] = {}
         self.paused = False
         self._wake = asyncio.Event()
@@ -107,10 +106,11 @@ class EngineCore:
         on_gpu = self.device.type == "cuda"
         if graphs is None:
             graphs = self.settings.cuda_graphs and on_gpu
-        self.graphs: DecodeGraphs | None = None
-        if graphs and self.fused and supports_graphs(model):
-            self.kv = KVSlots(self.max_running_seqs, fixed_buffers=True, min_capacity=MIN_COLUMNS)
-            self.graphs = DecodeGraphs(model, self.kv, self.max_running_seqs, capture=on_gpu)
+        graphs = bool(graphs and self.fused and supports_graphs(model))
+        # with graphs the slab keeps its buffers (the captured kernels read their addresses)
+        self.kv = (KVSlots(self.max_running_seqs, fixed_buffers=True, min_capacity=MIN_COLUMNS) if graphs
+                   else KVSlots(self.max_running_seqs))
+        self.graphs = DecodeGraphs(model, self.kv, self.max_running_seqs, capture=on_gpu) if graphs else None
         # while graphs are on, waiting requests join in batches of at least this many rows (or all that
         # wait): a step where prompts join runs eagerly, a pure decode step replays its graph
         self.admit_rows = max(1, self.max_running_seqs // 8) if self.graphs is not None else 1

@@ -85,7 +85,7 @@ def placement_problems(cfg: Config, nodes: list[Node]) -> list[str]:
         request = getattr(cfg.ray.placement, role)
         if not request or not count:
             continue
-        hosts = [(n, fits(n, request)) for n in nodes if fits(n, request) > 0]
+        hosts = [(n, k) for n in nodes if (k := fits(n, request)) > 0]
         what = f"ray.placement.{role}={request} for each of {count} {role} actor(s)"
         if not hosts:
             problems.append(f"{what}: no alive node offers that (the {len(nodes)} node(s) offer: "
