@@ -35,21 +35,19 @@ def _placed(cluster_address: str, model_dir, out, **extra) -> list[str]:
 
 
 @pytest.mark.heavy(100)
-def test_a_run_across_five_nodes_heals_the_loss_of_its_engine_node_then_its_rollout_node(tiny_model_dir, tmp_path):
-    """Head (the buffer), two learner nodes (one rank each: a gloo group across nodes), node X (the engine),
-    node W (both rollout workers). After step 1 a node Y that can take either joins and X is removed: the
-    engine actor and its server die with it, and the run starts a new engine on Y from the learner's current
-    weights (a new actor at a new URL, told to the live workers on W, which generate two more steps' groups
-    there). Then W is removed:
-    both workers restart on Y at their positions. The run finishes: every step trained once at its version,
-    no episode failed, no uid trained twice."""
+def test_a_run_across_four_nodes_heals_the_loss_of_its_engine_node_then_its_rollout_node(tiny_model_dir, tmp_path):
+    """Head (the buffer and one learner rank), a learner node (the other: a gloo group across nodes), node X
+    (the engine), node W (both rollout workers). After step 1 a node Y that can take either joins and X is
+    removed: the engine actor and its server die with it, and the run starts a new engine on Y from the
+    learner's current weights (a new actor at a new URL, told to the live workers on W, which generate two
+    more steps' groups there). Then W is removed: both workers restart on Y at their positions. The run
+    finishes: every step trained once at its version, no episode failed, no uid trained twice."""
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"head": 1}})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"head": 1, "learner": 1}})
     proc = None
     try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1, resources={"learner": 1})
+        cluster.add_node(num_cpus=1, resources={"learner": 1})
         x = cluster.add_node(num_cpus=1, resources={"engine": 1})
         w = cluster.add_node(num_cpus=1, resources={"rollout": 2})
         cluster.wait_for_nodes()
