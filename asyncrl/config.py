@@ -615,6 +615,12 @@ class WeightSyncConfig:
         1, "every this many syncs, one tensor (rotating) is read back from each engine and must equal what "
         "was sent (GET /get_weights_by_name; one call per engine); 0: never. Names are checked before an "
         "engine's first sync whatever this says")
+    delta: Literal["auto", "on", "off"] = setting(
+        "auto", "gloo/nccl to asyncrl's engines serving bf16/fp16: after the first sync only the values that changed "
+        "since the engines' last version travel (bit-exact, checksummed; docs/design.md \"Delta weight sync\"), at "
+        "the cost of one copy of the model in the engines' dtype on learner rank 0. auto: on when an engine is on "
+        "another host (over loopback, finding the changes costs more than moving the bytes: docs/benchmarks.md). "
+        "SGLang always gets whole tensors")
 
     def __post_init__(self) -> None:
         _at_least(self, "trainer.weight_sync", 1, "bucket_mb")

@@ -4,9 +4,10 @@
     SenderHandle.sync_blocking(worker, version) -> dict[str, float]        # every learner rank calls it
     SenderHandle.close()
     WeightSender(transport, timeout_s=, mode=)   # the protocol (sender.py): connect / sync / close
-    WeightSyncError.code in {"refused", "unreachable", "timeout", "config"}; WeightMismatchError
+    WeightSyncError.code in errors.CODES (refused, flush_refused, delta_mismatch, unreachable, timeout,
+    config); WeightMismatchError
 
-Transports (move the bytes only): GroupTransport gloo/nccl (broadcast.py), TensorTransport
+Transports (move the bytes only): GroupTransport gloo/nccl (broadcast.py; deltas: delta.py), TensorTransport
 CUDA-IPC (tensor.py), DiskTransport (disk.py). The engine side is routes.make_router(core).
 """
 

@@ -14,6 +14,11 @@ within a grace period of its answer) received the bucket and refused to load it:
 no group: it will never join the broadcast) or a broadcast that fails breaks the group for all: the
 sync is abandoned, the group retired (destroyed once its in-flight collective returns), and the next
 sync builds a new one under a new name and port with the engines that answer.
+
+Delta syncs (delta.py), when every engine offers them (GET /weight_sync_info "delta", the embedded
+engine), serves a 16-bit dtype and (delta="auto") one of them is on another host: every bucket is tracked (`asyncrl_track`), the transport keeps the base (the tensors as last
+sent, in the wire dtype) and, when every member reports holding it, sends only what changed. A sync that
+does not end with every member ok leaves no base: the next one is full.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ import asyncio
 import logging
 import socket
 import uuid
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
 
+import asyncrl.weight_sync.delta as deltas
 from asyncrl.config import WeightSyncConfig
 from asyncrl.models import sglang_served_dtype
 from asyncrl.util.net import free_port, is_loopback
@@ -104,9 +111,11 @@ class GroupTransport(Transport):
     shared_fate = True
 
     def __init__(self, backend: str = "gloo", *, timeout_s: float = WeightSyncConfig.timeout_s,
-                 master_address: str | None = None, coalesce: bool = True):
+                 master_address: str | None = None, coalesce: bool = True, delta: str = "auto"):
         if backend not in ("gloo", "nccl"):
             raise WeightSyncError("config", f"group transport: backend must be gloo or nccl, got {backend!r}")
+        if delta not in ("auto", "on", "off"):
+            raise WeightSyncError("config", f"group transport: delta must be auto, on or off, got {delta!r}")
         self.name = self.backend = backend
         self.timeout_s, self.master_address, self.coalesce_wanted = float(timeout_s), master_address, coalesce
         self.device = "cuda" if backend == "nccl" else "cpu"
@@ -116,12 +125,23 @@ class GroupTransport(Transport):
         self.coalesce = False
         self.cast_to: torch.dtype | None = None  # every engine serves this dtype (asyncrl extension): send in it
         self._inflight: asyncio.Future | None = None  # the broadcast thread of the current bucket
+        self.delta_wanted = delta
+        self.delta = False  # negotiated with the group: syncs are tracked and may be deltas (delta.py)
+        self.sender_id = uuid.uuid4().hex[:12]
+        self.base: dict[str, torch.Tensor] = {}  # every tensor as last sent, in the wire dtype
+        self.base_token: str | None = None  # the sync `base` is (None: none complete, or one in flight)
+        self._exts: list[dict] = []  # the members' GET /weight_sync_info, read when this sync was prepared
+        self._token, self._from, self._delta_now = "", None, False  # this sync's token, base, kind
 
     # ------------------------------------------------------------------ group
 
     async def prepare(self, http: EngineHTTP, engines: list[str]) -> dict[str, WeightSyncError]:
-        if self.pg is not None and engines == self.members and not await self._group_lost(http, engines):
-            return {}
+        if self.pg is not None and engines == self.members:
+            exts = list(await asyncio.gather(*(extensions_of(http, u) for u in engines)))
+            # an embedded engine restarted on the same address no longer holds our group
+            if not any(x and self.group_name not in x.get("groups", []) for x in exts):
+                self._exts = exts
+                return {}
         return await self._build_group(http, engines)
 
     async def retire(self, http: EngineHTTP) -> None:
@@ -155,6 +175,11 @@ class GroupTransport(Transport):
         ours = all(exts)
         self.coalesce = self.coalesce_wanted and all(x.get("coalesce") for x in exts)
         self.cast_to = _served_dtype(exts, infos)
+        wanted = self.delta_wanted == "on" or (
+            self.delta_wanted == "auto" and not all(is_loopback(urlparse(u).hostname or "") for u in live))
+        self.delta = (wanted and self.coalesce and self.cast_to is not None
+                      and self.cast_to.itemsize <= deltas.MAX_ITEMSIZE and all(x.get("delta") for x in exts))
+        self._exts = list(exts)
         if self.cast_to is None and not ours:
             log.warning("weight sync: the engines' served dtype is unknown (%s): tensors go in the learner's "
                         "dtype", [i.get("dtype") for i in infos])
@@ -188,10 +213,61 @@ class GroupTransport(Transport):
             await self.retire(http)
         return {**failed, **bad}
 
-    async def _group_lost(self, http: EngineHTTP, engines: list[str]) -> bool:
-        """Whether an embedded engine no longer holds our group (restarted on the same address)."""
-        exts = await asyncio.gather(*(extensions_of(http, u) for u in engines))
-        return any(x and self.group_name not in x.get("groups", []) for x in exts)
+    # ------------------------------------------------------------------ delta (delta.py)
+
+    async def start(self, version: str) -> None:
+        """A sync begins: a delta when every member holds the base, else full (the base is rebuilt)."""
+        self._token, self._from = f"{self.sender_id}:{version}", self.base_token
+        self._delta_now = (self.delta and self._from is not None and len(self._exts) == len(self.members)
+                           and all(x.get("delta_base") == self._from for x in self._exts))
+        if not self._delta_now:
+            self.base = {}
+        self.base_token = None  # the base is in flux until every member has taken every bucket
+
+    async def finish(self, http: EngineHTTP, engines: list[str], version: str) -> dict[str, WeightSyncError]:
+        if self.delta and engines == self.members:
+            self.base_token = self._token
+        else:  # someone missed a bucket: no base the next sync could trust
+            self.base = {}
+        return {}
+
+    def _plan(self, bucket: Bucket) -> list[deltas.Planned]:
+        """(Worker thread.) How each tensor of `bucket` travels in this sync, the base moved along with it:
+        every tensor in the wire dtype, whole in a full sync, else what delta.plan says (unchanged ones
+        left out). Checksums of the sparse ones are filled in."""
+        items = []
+        for name, t in bucket:
+            w = t.detach()
+            cast = self.cast_to is not None and w.is_floating_point() and w.dtype != self.cast_to
+            w = w.to(self.cast_to) if cast else w
+            p = deltas.plan(name, w, self.base.get(name)) if self._delta_now else deltas.Planned(name, w)
+            if p is None:
+                continue
+            if p.positions is None:
+                self.base[name] = w if cast else w.clone()  # never the learner's own storage
+            else:
+                deltas.bits(self.base[name])[p.positions.long()] = deltas.bits(p.values)
+            items.append(p)
+        return items
+
+    async def _send_tracked(self, http: EngineHTTP, bucket: Bucket, engines: list[str], version: str | None,
+                            report: SyncReport) -> dict[str, WeightSyncError]:
+        items = await asyncio.to_thread(self._plan, bucket)
+        report.delta = self._delta_now
+        if not items and version is None:
+            return {}  # nothing of this bucket changed (the last one still goes: it carries the version)
+        metas = deltas.metas_of_plan(items)
+        body = self._body(metas, version)
+        body["asyncrl_track"] = self._token
+        if self._delta_now:
+            sums = await asyncio.to_thread(lambda: [deltas.checksum(p.tensor) if p.positions is not None else ""
+                                                    for p in items])
+            body["asyncrl_delta"] = {"base": self._from, "counts": [p.count for p in items], "checksums": sums}
+            make = lambda: deltas.wire_buffers(items)  # noqa: E731
+        else:
+            make = lambda: self._buffers([p.tensor for p in items], metas)  # noqa: E731
+        report.bytes += sum(p.nbytes for p in items)
+        return await self._send(http, body, make, engines, report)
 
     # ------------------------------------------------------------------ buckets
 
@@ -204,17 +280,36 @@ class GroupTransport(Transport):
                           report: SyncReport) -> dict[str, WeightSyncError]:
         if self.pg is None or engines != self.members:
             raise SyncAbandoned({}, f"the update group does not hold exactly {engines}")
+        if self.delta:
+            return await self._send_tracked(http, bucket, engines, version, report)
         if self.cast_to is not None:  # floating tensors in the engines' dtype: bf16 engines take half the bytes
             bucket = [(n, t.to(self.cast_to) if t.is_floating_point() and t.dtype != self.cast_to else t)
                       for n, t in bucket]
         metas = metas_of(bucket)
+        report.bytes += self.wire_nbytes(bucket)
+        return await self._send(http, self._body(metas, version),
+                                lambda: self._buffers([t for _, t in bucket], metas), engines, report)
+
+    def _body(self, metas: list, version: str | None) -> dict[str, Any]:
         body: dict[str, Any] = {"names": [m.name for m in metas], "dtypes": [m.dtype for m in metas],
                                 "shapes": [list(m.shape) for m in metas], "group_name": self.group_name,
                                 "flush_cache": version is not None, "weight_version": version, "load_format": None}
         if self.coalesce:
             body["asyncrl_coalesce"] = True  # extension, negotiated through /weight_sync_info
+        return body
+
+    def _buffers(self, tensors: list[torch.Tensor], metas: list) -> list[torch.Tensor]:
+        """(Worker thread.) A full bucket's broadcasts: per dtype group when coalesced, else per tensor."""
+        tensors = [t.detach().to(self.device) for t in tensors]
+        if self.coalesce:
+            return [pack(tensors, idx) for _, idx in flat_groups(metas)]
+        return [t.contiguous() for t in tensors]
+
+    async def _send(self, http: EngineHTTP, body: dict[str, Any], make: Callable[[], list[torch.Tensor]],
+                    engines: list[str], report: SyncReport) -> dict[str, WeightSyncError]:
+        """POST `body` to every engine while broadcasting the buffers `make` builds; {url: why}."""
         posts = {u: asyncio.ensure_future(http.post(u, "/update_weights_from_distributed", body, None)) for u in engines}
-        self._inflight = asyncio.ensure_future(asyncio.to_thread(self._broadcast, self.pg, bucket))
+        self._inflight = asyncio.ensure_future(asyncio.to_thread(self._broadcast, self.pg, make))
         self._inflight.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if abandoned
         pending = set(posts.values()) | {self._inflight}
         while self._inflight in pending:
@@ -241,17 +336,13 @@ class GroupTransport(Transport):
             return True
         return True
 
-    def _broadcast(self, pg: Any, bucket: Bucket) -> int | str:
-        """Rank 0's side of one bucket (blocking, in a worker thread). Returns the collective count, or
-        the failure as text: it never raises, because a traceback held by the future would keep `pg`
-        alive, and only destroying `pg` closes its connections, which is what ends the survivors'
-        receives (retire)."""
+    def _broadcast(self, pg: Any, make: Callable[[], list[torch.Tensor]]) -> int | str:
+        """Rank 0's side of one bucket (blocking, in a worker thread): the buffers `make` builds, in order.
+        Returns the collective count, or the failure as text: it never raises, because a traceback held by
+        the future would keep `pg` alive, and only destroying `pg` closes its connections, which is what
+        ends the survivors' receives (retire)."""
         try:
-            tensors = [t.detach().to(self.device) for _, t in bucket]
-            if self.coalesce:
-                bufs = [pack(tensors, idx) for _, idx in flat_groups(metas_of(bucket))]
-            else:
-                bufs = [t.contiguous() for t in tensors]
+            bufs = [b.to(self.device) for b in make()]
             works = [dist.broadcast(b, src=0, group=pg, async_op=True) for b in bufs]
             for w in works:
                 w.wait()

@@ -66,6 +66,7 @@ class DiskTransport(Transport):
         assert self._tmp is not None, "send_bucket before start"
         self._shards += 1
         self._total += await asyncio.to_thread(write_shard, bucket, self._tmp, self._shards, self._weight_map)
+        report.bytes += self.wire_nbytes(bucket)
         return {}
 
     async def finish(self, http: EngineHTTP, engines: list[str], version: str) -> dict[str, WeightSyncError]:

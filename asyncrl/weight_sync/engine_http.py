@@ -41,6 +41,8 @@ def classify(url: str, path: str, status: int, data: Any) -> WeightSyncError | N
         return WeightSyncError("unreachable", message, url, status)
     if sglang_shaped and str(data.get("message", "")).startswith(FLUSH_REFUSED):  # loaded, not flushed
         return WeightSyncError("flush_refused", message, url, status)
+    if sglang_shaped and data.get("asyncrl_delta_mismatch") is True:  # delta.py: the next sync is full
+        return WeightSyncError("delta_mismatch", message, url, status)
     if sglang_shaped:  # 400 (or a 200 from an older server) with success=false: the engine said no
         return WeightSyncError("refused", message, url, status)
     return WeightSyncError("config", message, url, status)

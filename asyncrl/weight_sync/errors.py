@@ -8,6 +8,9 @@
                  message, whose start (FLUSH_REFUSED) is the one wording read. The engine holds the new
                  weights without the new version (SGLang's /model_info does not move): it is left out
                  of this sync and reported; the next sync sends every tensor again
+    delta_mismatch  a delta bucket (delta.py) did not rebuild the tensors the sender hashed, or the engine
+                 does not hold the base it was meant for: marked by `asyncrl_delta_mismatch` in the refusal.
+                 Nothing of the bucket was applied; the sync is abandoned and the next one sends every tensor
     unreachable  no HTTP answer (connection refused or reset), or a 5xx: the engine is dead or broken
     timeout      no answer within the time allowed
     config       our own request or setup is wrong: a 4xx without SGLang's reply structure (a
@@ -16,7 +19,7 @@
 
 from __future__ import annotations
 
-CODES = ("refused", "flush_refused", "unreachable", "timeout", "config")
+CODES = ("refused", "flush_refused", "delta_mismatch", "unreachable", "timeout", "config")
 FLUSH_REFUSED = "Weights were updated, but the cache was not flushed"  # SGLang 0.5.23's message starts so
 
 
@@ -36,8 +39,9 @@ class WeightSyncError(RuntimeError):
 
     @property
     def left_out(self) -> bool:
-        """Dead, hung, or its cache flush refused: left out of the sync and reported; every other code raises."""
-        return self.engine_is_down or self.code == "flush_refused"
+        """Dead, hung, its cache flush refused or a delta that did not match: left out of the sync and
+        reported; every other code raises."""
+        return self.engine_is_down or self.code in ("flush_refused", "delta_mismatch")
 
 
 class WeightMismatchError(WeightSyncError):

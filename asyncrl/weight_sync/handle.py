@@ -41,7 +41,7 @@ def resolve_transport(requested: str, cuda_available: bool, colocated: bool) -> 
 
 def _transport(cfg: WeightSyncConfig, kind: str) -> Transport:
     if kind in ("gloo", "nccl"):
-        return GroupTransport(kind, timeout_s=cfg.timeout_s)
+        return GroupTransport(kind, timeout_s=cfg.timeout_s, delta=cfg.delta)
     if kind == "tensor":
         return TensorTransport(timeout_s=cfg.timeout_s)
 

@@ -16,6 +16,10 @@ stays usable; nothing is applied and the answer is HTTP 400 "Failed to update pa
 naming the tensor (SGLang receives first and fails in load_weights: the same answer, the same order).
 `flush_cache` is accepted and changes nothing here: this engine has no prefix cache, and its running
 requests keep their KV caches whatever the pause mode (it treats retract as in_place).
+
+Delta syncs (delta.py, an extension): `delta_base` is the token of the tracked sync whose every bucket
+this engine applied (None after any other update, an unfinished or failed sync, or a relaunch); a delta
+bucket is applied only over the base it names, and only if every rebuilt tensor hashes as the sender's.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
+import asyncrl.weight_sync.delta as deltas
 from asyncrl.weight_sync.bucketing import (
     TensorMeta,
     dtype_name,
@@ -47,7 +52,7 @@ from asyncrl.weight_sync.safe_unpickle import load_named_tensors
 log = logging.getLogger(__name__)
 
 DEFAULT_GROUP_TIMEOUT_S = 300.0
-CAPABILITIES = {"asyncrl": True, "coalesce": True}  # GET /weight_sync_info: the extensions offered (+ "dtype")
+CAPABILITIES = {"asyncrl": True, "coalesce": True, "delta": True}  # GET /weight_sync_info: the extensions (+ "dtype")
 
 
 def check_metas(targets: dict[str, torch.Tensor], metas: Sequence[TensorMeta]) -> str | None:
@@ -85,6 +90,41 @@ def receive_bucket(pg: Any, metas: Sequence[TensorMeta], coalesce: bool, device:
     for w in works:
         w.wait()
     return out  # type: ignore[return-value]
+
+
+def receive_buffers(pg: Any, specs: Sequence[tuple[int, torch.dtype]], device: str) -> list[torch.Tensor]:
+    """Receive flat buffers of (numel, dtype) from rank 0 of `pg`, in order (blocking): a delta bucket."""
+    bufs = [torch.empty(n, dtype=d, device=device) for n, d in specs]
+    works = [dist.broadcast(b, src=0, group=pg, async_op=True) for b in bufs]
+    for w in works:
+        w.wait()
+    return bufs
+
+
+@dataclass(frozen=True)
+class DeltaRequest:
+    """`asyncrl_delta` of one bucket (delta.py): the base it applies over, per tensor its count and checksum."""
+
+    base: str
+    counts: list[int]
+    checksums: list[str]
+
+
+def parse_delta(raw: Any, metas: Sequence[TensorMeta]) -> DeltaRequest | None:
+    """The request's delta fields checked against its tensors (Invalid otherwise); None when absent."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("base"), str):
+        raise Invalid("asyncrl_delta must be an object with base (a string), counts and checksums")
+    counts, sums = raw.get("counts"), raw.get("checksums")
+    if not isinstance(counts, list) or not isinstance(sums, list) or not (len(counts) == len(sums) == len(metas)):
+        raise Invalid(f"asyncrl_delta: counts and checksums must be lists of {len(metas)} entries, one per name")
+    for m, c, h in zip(metas, counts, sums):
+        if not isinstance(c, int) or isinstance(c, bool) or not (c == deltas.WHOLE or 0 <= c <= min(m.numel, deltas.MAX_SPARSE_NUMEL)):
+            raise Invalid(f"asyncrl_delta: count of {m.name!r} must be -1 (whole) or 0..{m.numel}, got {c!r:.40}")
+        if not isinstance(h, str) or (c != deltas.WHOLE and not h):
+            raise Invalid(f"asyncrl_delta: checksum of {m.name!r} must be a string (non-empty for a sparse tensor)")
+    return DeltaRequest(raw["base"], list(counts), list(sums))
 
 
 class Answer(NamedTuple):
@@ -181,6 +221,10 @@ class WeightReceiver:
         self.weights_roots = resolve_roots(weights_roots)  # /update_weights_from_disk reads only below these
         self.groups: dict[str, _Group] = {}
         self.session_open = False
+        self.delta_base: str | None = None  # the tracked sync these weights equal (delta.py)
+        self._sync: str | None = None  # the tracked sync being received
+        self._from: str | None = None  # delta_base when it began
+        self._sync_ok = False  # every bucket of it applied so far
         self._apply_lock = asyncio.Lock()  # one apply at a time (a stuck old group never holds it)
 
     def _device(self) -> str:
@@ -242,6 +286,12 @@ class WeightReceiver:
             version = wire_version(body)
             flag(body, "flush_cache", True)
             coalesce = flag(body, "asyncrl_coalesce", False)  # extension, see /weight_sync_info
+            track = body.get("asyncrl_track")  # extension (delta.py): the token of the sync this bucket is of
+            if track is not None and not isinstance(track, str):
+                raise Invalid(f"asyncrl_track must be a string, got {type(track).__name__}")
+            delta = parse_delta(body.get("asyncrl_delta"), metas)
+            if delta is not None and (track is None or not coalesce):
+                raise Invalid("asyncrl_delta needs asyncrl_track and asyncrl_coalesce")
         except (KeyError, TypeError, ValueError) as e:
             return invalid(f"update_weights_from_distributed: {type(e).__name__}: {e}")
         if not self.session_open:  # refused before the broadcast: this engine does not join it
@@ -252,16 +302,66 @@ class WeightReceiver:
             return refused(f"Failed to receive weights: Group {name} not in {sorted(self.groups)}. "
                            "Please call `init_weights_update_group` first.")
         async with g.busy:
-            problem = check_metas(self.core.model.state_dict(), metas)
-            device = self._device()
+            self._track(track)
+            targets = self.core.model.state_dict()
+            problem = check_metas(targets, metas)
+            mismatch = None if problem or delta is None else self._delta_problem(delta, metas, targets)
+            device = "cpu" if problem or mismatch else self._device()
             try:  # on a mismatch: drain the broadcast into scratch buffers, apply nothing
-                tensors = await asyncio.to_thread(receive_bucket, g.pg, metas, coalesce, "cpu" if problem else device)
+                if delta is None:
+                    tensors = await asyncio.to_thread(receive_bucket, g.pg, metas, coalesce, device)
+                else:
+                    bufs = await asyncio.to_thread(receive_buffers, g.pg, deltas.wire_specs(metas, delta.counts), device)
             except Exception as e:  # noqa: BLE001 - a broken group: the sender abandons and rebuilds
                 self.groups.pop(name, None)
+                self._sync_ok = False
                 return refused(f"Failed to receive weights: broadcast on {name!r} failed (group dropped): {e}")
             if problem:
+                self._sync_ok = False
                 return refused(f"Failed to update parameter online: {problem}")
-            return await self._apply(list(zip([m.name for m in metas], tensors)), version)
+            if delta is not None:
+                if mismatch is None:
+                    tensors, mismatch = await asyncio.to_thread(self._rebuild, metas, delta, bufs, targets)
+                if mismatch is not None:
+                    self._sync_ok = False
+                    return refused(f"Failed to update parameter online: delta {mismatch}", asyncrl_delta_mismatch=True)
+            return await self._apply(list(zip([m.name for m in metas], tensors)), version, track)
+
+    # ------------------------------------------------------------------ delta tracking (delta.py)
+
+    def _track(self, token: str | None) -> None:
+        """Before a bucket of the sync `token` (None: an untracked update) is received."""
+        if token is None:
+            self.delta_base = self._sync = None
+        elif token != self._sync:  # the sync's first bucket: the weights leave their base
+            self._from, self.delta_base, self._sync, self._sync_ok = self.delta_base, None, token, True
+
+    def _delta_problem(self, delta: DeltaRequest, metas: Sequence[TensorMeta], targets: dict) -> str | None:
+        if delta.base != self._from:
+            return f"base {delta.base!r}: this engine's weights are {self._from!r}"
+        for m, c in zip(metas, delta.counts):
+            if c != deltas.WHOLE and dtype_name(targets[m.name].dtype) != m.dtype:
+                return f"weight {m.name!r}: sparse values in {m.dtype}, the engine serves {dtype_name(targets[m.name].dtype)}"
+        return None
+
+    @staticmethod
+    def _rebuild(metas: Sequence[TensorMeta], delta: DeltaRequest, bufs: list[torch.Tensor],
+                 targets: dict) -> tuple[list[torch.Tensor], str | None]:
+        """The bucket's new tensors (sparse ones rebuilt from the live parameters), or the first that does
+        not hash as the sender's."""
+        out = []
+        for m, c, want, got in zip(metas, delta.counts, delta.checksums, deltas.unpack_wire(metas, delta.counts, bufs)):
+            if c == deltas.WHOLE:
+                out.append(got)
+                continue
+            try:
+                t = deltas.rebuilt(targets[m.name], *got)
+            except IndexError as e:
+                return [], f"weight {m.name!r}: {e}"
+            if deltas.checksum(t) != want:
+                return [], f"checksum mismatch: weight {m.name!r} rebuilt from its {c} changed values is not the sender's"
+            out.append(t)
+        return out, None
 
     async def update_from_tensor(self, body: dict) -> Answer:
         """Colocated GPU: tensors arrive as CUDA-IPC handles, pickled by torch's ForkingPickler and
@@ -312,14 +412,20 @@ class WeightReceiver:
         answer = await self._apply(named, version)
         return Answer(answer.status, {**answer.body, "num_paused_requests": 0})
 
-    async def _apply(self, named: list[tuple[str, torch.Tensor]], version: int | None) -> Answer:
+    async def _apply(self, named: list[tuple[str, torch.Tensor]], version: int | None,
+                     track: str | None = None) -> Answer:
         # SGLang semantics: no weight_version leaves the version unchanged (the core's None means +1).
         target = self.core.weight_version if version is None else version
+        if track is None:
+            self._track(None)
         try:
             async with self._apply_lock:
                 await self.core.apply_weights(named, target)
         except ValueError as e:
+            self._sync_ok = False
             return refused(f"Failed to update parameter online: {e}")
+        if track is not None and version is not None and self._sync == track and self._sync_ok:
+            self.delta_base, self._sync = track, None  # every bucket of the sync applied: the new base
         return ok(f"Succeeded to update parameter online ({len(named)} tensors).")
 
     async def probe_broadcast(self, body: dict) -> Answer:

@@ -22,9 +22,11 @@ unpickler (safe_unpickle.py).
 
 Extensions a real SGLang lacks (the sender asks GET /weight_sync_info and uses them only when every
 engine offers them):
-    GET  /weight_sync_info                 {"asyncrl": true, "coalesce": true, "groups": [...], "session_open", "weight_version",
-                                            "dtype" (the served parameters': a sender casts floating tensors to it)}
-    init_weights_update_group {timeout_s}; update_weights_from_distributed {asyncrl_coalesce: true}
+    GET  /weight_sync_info                 {"asyncrl": true, "coalesce": true, "delta": true, "groups": [...], "session_open",
+                                            "weight_version", "dtype" (the served parameters': a sender casts floating
+                                            tensors to it), "delta_base" (delta.py: the sync these weights equal, or null)}
+    init_weights_update_group {timeout_s}; update_weights_from_distributed {asyncrl_coalesce: true,
+                                           asyncrl_track: token, asyncrl_delta: {base, counts, checksums}} (delta.py)
     POST /weight_sync_probe_broadcast      {group_name, numel, dtype}  (benchmark ceiling only)
 """
 
@@ -94,7 +96,7 @@ def make_router(core: Any, weights_roots: Sequence[str | os.PathLike] = ()) -> A
     @router.get("/weight_sync_info")
     async def info() -> dict:
         return {**CAPABILITIES, "weight_version": str(core.weight_version), "groups": sorted(receiver.groups),
-                "session_open": receiver.session_open,
+                "session_open": receiver.session_open, "delta_base": receiver.delta_base,
                 "dtype": dtype_name(next(core.model.parameters()).dtype)}
 
     router.receiver = receiver  # type: ignore[attr-defined] - for tests and introspection

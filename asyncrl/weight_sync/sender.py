@@ -58,7 +58,9 @@ class SyncReport:
     engines_ok: list[str] = field(default_factory=list)
     engines_failed: dict[str, WeightSyncError] = field(default_factory=dict)  # url -> why (code, message)
     seconds: float = 0.0
-    bytes: int = 0
+    bytes: int = 0  # moved by the transport
+    full_bytes: int = 0  # a full sync's: every tensor whole in the wire dtype
+    delta: bool = False  # only what changed since the engines' last version moved (delta.py)
     buckets: int = 0
     collectives: int = 0
 
@@ -69,6 +71,7 @@ class SyncReport:
     def metrics(self) -> dict[str, float]:
         return {"sync/ok": float(self.ok), "sync/engines_ok": float(len(self.engines_ok)),
                 "sync/engines_failed": float(len(self.engines_failed)), "sync/bytes": float(self.bytes),
+                "sync/full_bytes": float(self.full_bytes), "sync/delta": float(self.delta),
                 "sync/buckets": float(self.buckets), "sync/collectives": float(self.collectives),
                 "sync/transfer_seconds": self.seconds}
 
@@ -100,11 +103,12 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def send_bucket(self, http: EngineHTTP, bucket: Bucket, engines: list[str], version: str | None,
                           report: SyncReport) -> dict[str, WeightSyncError]:
-        """Move one bucket to `engines`; `version` is set on the last bucket only. Returns {url: why}
-        for engines that failed; a refused bucket is a WeightMismatchError in that dict."""
+        """Move one bucket to `engines`; `version` is set on the last bucket only; adds what it moved to
+        `report.bytes`. Returns {url: why} for engines that failed; a refused bucket is a
+        WeightMismatchError in that dict."""
 
     def wire_nbytes(self, bucket: Bucket) -> int:
-        """The bytes this transport moves for `bucket` (a transport that casts counts the cast)."""
+        """The bytes a full sync moves for `bucket` (a transport that casts counts the cast)."""
         return sum(nbytes(t) for _, t in bucket)
 
     async def finish(self, http: EngineHTTP, engines: list[str], version: str) -> dict[str, WeightSyncError]:
@@ -271,7 +275,7 @@ class WeightSender:
             after = await asyncio.to_thread(next, it, None)  # look ahead: the last bucket carries the version
             errs = await self.transport.send_bucket(self.http, bucket, engines, version if after is None else None, report)
             report.buckets += 1
-            report.bytes += self.transport.wire_nbytes(bucket)
+            report.full_bytes += self.transport.wire_nbytes(bucket)
             engines = self._after_step(errs, engines, report)
             bucket = after
         engines = self._after_step(await self.transport.finish(self.http, engines, version), engines, report)
@@ -286,7 +290,8 @@ class WeightSender:
             if isinstance(e, WeightMismatchError):
                 raise e
         if self.transport.shared_fate and any(e.code != "flush_refused" for e in errs.values()):
-            raise SyncAbandoned(errs)  # (a refused flush came after a complete transfer: the group is fine)
+            raise SyncAbandoned(errs)  # (a refused flush came after a complete transfer: the group is fine;
+            # a delta that did not match leaves that engine's weights mixed: the sync ends for all)
         return self._record(errs, engines, report)
 
     @staticmethod

@@ -59,4 +59,5 @@ class TensorTransport(Transport):
             return await http.post(url, "/update_weights_from_tensor", body, self.timeout_s)
 
         errs = {u: e for u, e in zip(engines, await asyncio.gather(*(one(u) for u in engines))) if e is not None}
+        report.bytes += self.wire_nbytes(bucket)
         return {u: WeightMismatchError(e.message, u, e.status) if e.code == "refused" else e for u, e in errs.items()}

@@ -181,6 +181,8 @@ async def test_a_bf16_engine_takes_the_fp32_learner_cast_to_bf16_on_the_wire(lea
         try:
             report = await sender.sync(learner.iter_full_params(BUCKET), version=3)
             assert report.ok and sender.transport.cast_to == torch.bfloat16
+            # trainer.weight_sync.delta=auto: no deltas over loopback (finding changes costs more than moving bytes)
+            assert not sender.transport.delta and not report.delta and report.bytes == report.full_bytes
         finally:
             await sender.close()
         assert greedy(engine.url) == greedy(ref.url) and version_of(engine.url) == "3"
@@ -282,7 +284,13 @@ def test_get_weights_by_name_answers_as_sglang_and_refuses_the_rest(untouched, t
     {"dtypes": [], "shapes": []},
     [1, 2],
     "{not json",
-], ids=["int-version", "foreign-version", "lengths", "dtype", "flush-type", "no-names", "array", "bad-json"])
+    {"names": ["a"], "dtypes": ["float32"], "shapes": [[4]], "asyncrl_track": 5},
+    {"names": ["a"], "dtypes": ["float32"], "shapes": [[4]], "asyncrl_coalesce": True,  # a delta needs a track
+     "asyncrl_delta": {"base": "s:1", "counts": [1], "checksums": ["x"]}},
+    {"names": ["a"], "dtypes": ["float32"], "shapes": [[4]], "asyncrl_coalesce": True, "asyncrl_track": "s:2",
+     "asyncrl_delta": {"base": "s:1", "counts": [2 ** 40], "checksums": ["x"]}},  # more changes than elements
+], ids=["int-version", "foreign-version", "lengths", "dtype", "flush-type", "no-names", "array", "bad-json",
+        "track-type", "delta-untracked", "delta-count"])
 def test_malformed_update_requests_are_400_without_success_and_harmless(untouched, body):
     eng = untouched
     kw = {"content": body} if isinstance(body, str) else {"json": body}
