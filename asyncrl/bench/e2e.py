@@ -8,21 +8,36 @@ the run's own metrics.jsonl; then the async/sync throughput ratio. The first ste
 excluded from the rates (it includes start-up). The modes run interleaved (sync, async, sync, ...) for
 `--rounds` rounds; the ratio is the ratio of median trajectories/s, and each mode's detail is that of
 its median run.
+
+The limit (issue 41): after each async run, the learner alone trains that run's own batches again (read
+from its buffer log, batch by batch as trained_uids.jsonl lists them) with the torch threads the async
+run gave its learner (asyncrl/util/cpus.py cpu_threads) and nothing else running: `learner_only_s`, the
+mean per step (a mean, as the wall time per step is: long-tailed batches make some steps twice as long). `async_over_limit` = the async run's wall time per step / that (1.0: a loop as fast as its learner
+alone). The async run's own learner step and weight sync per step are reported beside it, so the gap
+reads as: the learner slowed by sharing the cores, the sync, and the learner's idle time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from asyncrl.bench.rounds import MIN_ROUNDS, interleave, ratio, summary
+from asyncrl.buffer import wal
 from asyncrl.config import load_config
+from asyncrl.data.schema import Batch, Group, Trajectory
 from asyncrl.metrics import read_metrics
 from asyncrl.run.controller import run as train
 from asyncrl.run_dir import RunLayout
 from asyncrl.testing import build_tiny_model
+from asyncrl.util.cpus import available_cpus, cpu_threads
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +82,56 @@ def summarize(metrics: list[dict[str, Any]]) -> dict[str, float]:
         "reward_mean": sum(m["train/reward_mean"] * m["train/num_trajectories"] for m in steps)
         / sum(m["train/num_trajectories"] for m in steps),
         "staleness_max": max(m["train/staleness_max"] for m in steps),
+        "learner_step_s": statistics.median(m["learner/step_seconds"] for m in timed),
+        "sync_s": statistics.median(m.get("sync/seconds", 0.0) for m in timed),
     }
+
+
+def trained_batches(out: Path) -> list[Batch]:
+    """The batches a finished run trained, in step order, rebuilt from its buffer log (every trajectory
+    that arrived is a PUT record there; the log of a short run is never compacted) and trained_uids.jsonl."""
+    layout = RunLayout(out)
+    raw = {}
+    dec = msgspec.msgpack.Decoder(Trajectory)
+    for rec in wal.scan(layout.buffer / wal.WAL_NAME):
+        if isinstance(rec, wal.Record) and rec.kind == wal.REC_PUT:
+            t = dec.decode(rec.payload)
+            raw[t.uid] = t
+    batches = []
+    for line in layout.trained_uids.read_text().splitlines():
+        row = json.loads(line)
+        trajs = [raw[u] for u in row["uids"]]
+        groups: dict[str, list[Trajectory]] = {}
+        for t in trajs:
+            groups.setdefault(t.group_id, []).append(t)
+        batches.append(Batch(batch_id=row["step"], groups=[
+            Group(group_id=g, trajectories=sorted(ts, key=lambda t: (t.sample_index, t.uid)),
+                  expected=ts[0].group_size) for g, ts in sorted(groups.items())]))
+    return batches
+
+
+def learner_only(cfg: Any, batches: list[Batch], threads: int) -> list[float]:
+    """Seconds of LearnerWorker.train_step on each batch after the first (as `summarize` leaves out the first
+    step), alone, on `threads` torch threads."""
+    # lazy: imports torch, which this module does not load otherwise
+    import torch
+
+    # lazy: as above
+    from asyncrl.learner.worker import LearnerWorker
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        worker = LearnerWorker(cfg, rank=0, world_size=1)
+        times = []
+        for i, batch in enumerate(batches):
+            t0 = time.perf_counter()
+            worker.train_step(batch)
+            if i:
+                times.append(time.perf_counter() - t0)
+        return times
+    finally:
+        torch.set_num_threads(before)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -78,9 +142,16 @@ def run(args: argparse.Namespace) -> dict:
     def side(mode: str):
         def one() -> float:
             out = root / f"{mode}-{len(results[mode])}"
-            if train(load_config(_overrides(args, model, out, mode))) != 0:
+            cfg = load_config(_overrides(args, model, out, mode))
+            if train(cfg) != 0:
                 raise RuntimeError(f"{mode} run failed; see {out}")
-            results[mode].append(summarize(read_metrics(RunLayout(out).metrics)))
+            metrics = read_metrics(RunLayout(out).metrics)
+            results[mode].append(summarize(metrics))
+            if mode == "async":
+                _, threads = cpu_threads("async", available_cpus(), cfg.engine.num_engines, cfg.trainer.learner_ranks)
+                alone = statistics.fmean(learner_only(cfg, trained_batches(out), threads))  # as wall_s_per_step
+                results[mode][-1].update(learner_only_s=round(alone, 4), learner_threads=threads,
+                                         async_over_limit=round(results[mode][-1]["wall_s_per_step"] / alone, 3))
             return results[mode][-1]["trajectories_per_s"]
         return one
 
@@ -91,4 +162,6 @@ def run(args: argparse.Namespace) -> dict:
             "max_staleness": args.max_staleness, "rounds": args.rounds,
             **summary("sync_trajectories_per_s", per_s["sync"], 3), **summary("async_trajectories_per_s", per_s["async"], 3),
             "sync": median_run["sync"], "async": median_run["async"],
-            "async_over_sync_throughput": ratio(per_s["async"], per_s["sync"]), "target": 2.5, "output_dir": str(root)}
+            "async_over_sync_throughput": ratio(per_s["async"], per_s["sync"]), "target": 2.5,
+            **summary("async_over_limit", [r["async_over_limit"] for r in results["async"]], 3),
+            "limit_target": 1.25, "output_dir": str(root)}
