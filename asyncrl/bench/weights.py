@@ -137,9 +137,10 @@ def run(args: argparse.Namespace) -> dict:
         for p in procs:
             p.stop()
     if args.delta:
-        return {"model": "SmolLM2-135M, fp32 learner, bf16 engines", "engines": args.engines, "transport": "gloo",
-                "bucket_mb": args.bucket_mb, "baseline": "full syncs of the same weights to as many engines, interleaved",
-                **out}
-    return {"model": "SmolLM2-135M fp32", "engines": args.engines, "transport": "gloo",
-            "coalesce": not args.no_coalesce, "bucket_mb": args.bucket_mb, "baseline": "one flat broadcast, same bytes, same group",
-            **out}
+        setup = {"model": "SmolLM2-135M, fp32 learner, bf16 engines",
+                 "baseline": "full syncs of the same weights to as many engines, interleaved"}
+    else:
+        setup = {"model": "SmolLM2-135M fp32", "coalesce": not args.no_coalesce,
+                 "baseline": "one flat broadcast, same bytes, same group"}
+    return {"model": setup.pop("model"), "engines": args.engines, "transport": "gloo", **setup,
+            "bucket_mb": args.bucket_mb, **out}

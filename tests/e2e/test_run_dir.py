@@ -38,10 +38,11 @@ def _trained(out: Path) -> list[dict]:
 def test_a_live_run_keeps_its_dir_and_a_killed_one_is_set_aside_by_resume_auto(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     with open(tmp_path / "first.log", "w") as log:
-        # checkpoint_every=1000: however long the refused second run takes to start (a loaded machine), the
-        # first has no checkpoint when it is killed
-        first = subprocess.Popen(_args(tiny_model_dir, out, **{"trainer.total_steps": 50,
-                                                               "trainer.checkpoint_every": 1000}), stdout=log,
+        # steps and checkpoint_every far beyond what it can reach: however long the refused second run takes
+        # to start (a loaded machine, or a fast one: 50 steps once ended before the second was refused), the
+        # first is still running, with no checkpoint, when it is killed
+        first = subprocess.Popen(_args(tiny_model_dir, out, **{"trainer.total_steps": 100000,
+                                                               "trainer.checkpoint_every": 100000}), stdout=log,
                                  stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
     try:
         deadline = time.time() + 300
