@@ -278,6 +278,8 @@ class Fleet:
         return [s for s in self.supervisor.states if s is not None] if self.supervisor is not None else []
 
     def train(self, batch: Any) -> StepResult:
+        if self.supervisor is not None:
+            self.supervisor.ask_engines()  # the engines' liveness probes run beside the step (Supervisor.ask_engines)
         if self.critics is None:
             result = self.learners.train_step(batch)
         else:  # values from the critic's ranks, the policy's step, then the critic's update in the background

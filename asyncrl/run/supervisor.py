@@ -27,6 +27,9 @@ Engine i (only engines this job launched; attached ones, `engine.urls`, are not 
                                                              live rollout workers and the evaluator; none placed
                                                              in place_timeout_s: PlacementFailed (run stops)
 
+An engine's alive() may be asked ahead (`ask_engines`, as each training step starts) and its answer read at
+the next check; an answer asked of an actor since replaced is not used.
+
 Replay buffer (one, no restart):
   SERVING --health() answers None----------------> SERVING
   SERVING --health() answers an error, or the----> (run stops) BufferFailed with the service's error
@@ -102,6 +105,7 @@ class Supervisor:
         self.base_weights, self.restart_weights, self.spawn_worker = base_weights, restart_weights, spawn_worker
         self.spawn_engine, self.engines_moved, self.place_timeout_s = spawn_engine, engines_moved, place_timeout_s
         self.engine_status = [EngineStatus.UP] * len(engines)
+        self._asked: list[tuple[Any, Any]] = []  # (engine actor, its alive() ref) asked ahead (ask_engines)
         self.workers: list[Any] = []
         self.worker_status: list[WorkerStatus] = []
         self.positions: list[RolloutPosition] = []
@@ -163,9 +167,19 @@ class Supervisor:
 
     # ------------------------------------------------------------------ engines
 
+    def ask_engines(self) -> None:
+        """Send every engine its liveness question now; the next check_engines reads these answers. The
+        controller asks as each training step starts: the embedded engine's probe is a real one-token
+        generate answered at the engine's next step boundary (82 ms a check in `asyncrl bench e2e`'s async
+        runs), which then runs beside the learner's step instead of after it."""
+        self._asked = [(e, e.alive.remote()) for e in self.engines]
+
     def check_engines(self) -> None:
+        asked, self._asked = self._asked, []
         for i, e in enumerate(self.engines):
-            up = _quietly(lambda: ray.get(e.alive.remote(), timeout=self.engine_timeout_s))
+            # an answer asked ahead, if it was asked of this very actor (not of one replaced since)
+            ref = asked[i][1] if i < len(asked) and asked[i][0] is e else e.alive.remote()
+            up = _quietly(lambda: ray.get(ref, timeout=self.engine_timeout_s))
             self.engine_status[i] = EngineStatus.UP if up else EngineStatus.DOWN
         down = [i for i, s in enumerate(self.engine_status) if s is EngineStatus.DOWN]
         if not down:
