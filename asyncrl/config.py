@@ -657,7 +657,8 @@ class TrainerConfig:
         "offline", "offline: logged under the run dir, `wandb sync` later")
     wandb_project: str = setting("asyncrl", "the wandb project the run is logged to")
     dump_trajectories: float = setting(
-        1.0, "fraction of the trajectories the buffer stored written to trajectories-w<k>.jsonl")
+        1.0, "fraction of the trajectories the buffer stored written to trajectories-w<k>.jsonl (picked by uid and "
+        "seed; the learner writes the same ones' log-probs to learner_logprobs.jsonl)")
     progress: bool = setting(
         True, "on a terminal, one progress line rewritten in place (false, or no terminal: plain lines)")
     weight_sync: WeightSyncConfig = setting(

@@ -95,6 +95,9 @@ OVERRIDES = Entry("overrides.yaml", False, True, "the overrides as typed, secret
 TRAIN_LOG = Entry("train.log", False, True, "what `asyncrl train` printed, secrets redacted (asyncrl/console_log.py)")
 METRICS = Entry("metrics.jsonl", False, True, "one JSON line per step and per eval (asyncrl/metrics.py)")
 TRAINED_UIDS = Entry("trained_uids.jsonl", False, True, "{step, version, uids} per trained step (asyncrl/run/controller.py)")
+LEARNER_LOGPROBS = Entry("learner_logprobs.jsonl", False, True,
+                         "{step, uid, proximal_logprobs} per trained trajectory of the dump sample: the learner's "
+                         "log-probs of its response tokens before the step (decoupled PPO; asyncrl/run/controller.py)")
 DROPPED_GROUPS = Entry("dropped_groups.jsonl", False, True,
                        "{step, group_id, reason} per group the buffer closed unserved (asyncrl/run/fleet.py)")
 TRAJECTORIES = Entry("trajectories-w*.jsonl", False, True,
@@ -119,7 +122,8 @@ WARM_START_DISCARDED = Entry(WARM_START.name + "-discarded-*", True, False,
                              "a warm start made by another plan, moved aside (asyncrl/sft/warm_start.py)")
 DISCARDED = Entry("discarded-*", True, False, "a previous run's files, moved aside by trainer.resume=auto (`aside_dir`)")
 # every name a run writes at its directory's top level; tests/e2e/test_train.py checks real runs against it
-LAYOUT: tuple[Entry, ...] = (LOCK, RECORD, CONFIG, OVERRIDES, TRAIN_LOG, METRICS, TRAINED_UIDS, DROPPED_GROUPS,
+LAYOUT: tuple[Entry, ...] = (LOCK, RECORD, CONFIG, OVERRIDES, TRAIN_LOG, METRICS, TRAINED_UIDS, LEARNER_LOGPROBS,
+                             DROPPED_GROUPS,
                              TRAJECTORIES, SUMMARY, SUMMARY_RESERVE, CHECKPOINTS, BUFFER, WEIGHT_SYNC, ENGINES,
                              ENGINE_RESTART_WEIGHTS, FINAL, WANDB, REPORT, WARM_START, WARM_START_DISCARDED, DISCARDED)
 # a previous run's files, moved aside by `resume=auto` when it finds no checkpoint (nothing else is touched)
@@ -161,6 +165,7 @@ class RunLayout:
     metrics = property(lambda self: self.path(METRICS))
     trained_uids = property(lambda self: self.path(TRAINED_UIDS))
     dropped_groups = property(lambda self: self.path(DROPPED_GROUPS))
+    learner_logprobs = property(lambda self: self.path(LEARNER_LOGPROBS))
     summary = property(lambda self: self.path(SUMMARY))
     summary_reserve = property(lambda self: self.path(SUMMARY_RESERVE))
     checkpoints = property(lambda self: self.path(CHECKPOINTS))

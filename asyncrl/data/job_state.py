@@ -84,3 +84,5 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True):
     metrics: dict[str, float]
     # a critic on its own ranks: (returns, old values) per trajectory, the targets of its update (rank 0's)
     critic_targets: Any = None
+    # {uid, proximal_logprobs} of the trained trajectories in the dump sample (LearnerWorker.token_logprobs)
+    token_logprobs: list[dict] = msgspec.field(default_factory=list)

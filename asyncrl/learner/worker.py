@@ -79,6 +79,7 @@ from asyncrl.models import (
 from asyncrl.secrets import shown_config
 from asyncrl.util.cpus import native_bf16
 from asyncrl.util.memory import MemoryBudgetExceeded, over_memory_stop, peak_gb, reset_peak
+from asyncrl.util.seeds import selected
 from asyncrl.weight_sync.bucketing import iter_buckets
 
 
@@ -157,6 +158,7 @@ class LearnerWorker:
         self.critic = Critic(self) if gae_critic and self.algo.critic.placement == "colocated" else None
         self.separate_critic = gae_critic and self.algo.critic.placement == "separate"
         self.critic_targets: Any = None  # separate critic: (returns, old values) of the last step, for its update
+        self.token_logprobs: list[dict] = []  # the last step's, see train_step
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=self.algo.lr,
             betas=tuple(self.algo.betas), weight_decay=self.algo.weight_decay,
@@ -261,6 +263,9 @@ class LearnerWorker:
             raise ValueError("algorithm.critic.placement=separate: train_step needs the critic's values of the batch")
         t0 = time.perf_counter()
         reset_peak()  # memory/learner_peak_gb is this step's peak
+        # per response token, the log-probs the learner gave the dumped trajectories before this step's update
+        # (decoupled PPO's proximal policy): `asyncrl view` sets them beside the sampler's (learner_logprobs.jsonl)
+        self.token_logprobs = []
         a = self.algo
         trajs = batch.trajectories()
         if not trajs:
@@ -315,6 +320,9 @@ class LearnerWorker:
                 _pad_stack([full[i] for i in range(n_traj)], width, torch.float32), _pad_stack(behav, width, torch.float32),
                 _pad_stack(masks, width, torch.bool), _pad_stack(staleness, width, torch.int64), a.max_staleness)
             metrics.update({f"learner/{k}": v for k, v in by_level.items()})
+            fraction = self.cfg.trainer.dump_trajectories  # the rollout workers' dump sample, by the same rule
+            self.token_logprobs = [{"uid": t.uid, "proximal_logprobs": [round(x, 4) for x in full[i].tolist()]}
+                                   for i, t in enumerate(trajs) if selected(t.uid, fraction, self.cfg.seed)]
 
         # loss, pg, kl, ent_sum, clip_cnt, ratio_sum, tokens, grad_norm, mismatch k1 and k3 (token sums)
         sums = torch.zeros(10, dtype=torch.float64)

@@ -1,7 +1,8 @@
 """The run's readable trajectory files, `trajectories-w<k>.jsonl`: one JSON line per stored trajectory.
 
-Written by rollout worker k (a `trainer.dump_trajectories` fraction of its trajectories, drawn with a seeded
-RNG), appended a whole line at a time; read by `asyncrl view` (asyncrl/view/records.py), which joins them with
+Written by rollout worker k (a `trainer.dump_trajectories` fraction of its trajectories, picked by their uid
+and the run's seed: asyncrl/util/seeds.py `selected`, the rule the learner's `learner_logprobs.jsonl` follows
+too), appended a whole line at a time; read by `asyncrl view` (asyncrl/view/records.py), which joins them with
 `trained_uids.jsonl` (the step and version each uid was trained in) and `dropped_groups.jsonl` (groups the
 buffer closed unserved, and why). A line holds the conversation (`messages`), the reward and its parts
 (`metrics`), and the response's per-token arrays (`response_ids`, `loss_mask`, `versions`,
@@ -12,13 +13,13 @@ version and by behaviour logprob.
 from __future__ import annotations
 
 import json
-import random
 import time
 from pathlib import Path
 from typing import Any
 
 from asyncrl.data.schema import Trajectory
 from asyncrl.run_dir import RunLayout
+from asyncrl.util.seeds import selected
 
 
 def trajectory_record(traj: Trajectory, now: float | None = None) -> dict[str, Any]:
@@ -43,11 +44,10 @@ class TrajectoryLog:
 
     def __init__(self, output_dir: str | Path, worker_id: int, fraction: float, seed: int):
         self.path = RunLayout(Path(output_dir)).trajectories(worker_id)
-        self.fraction = fraction
-        self._rng = random.Random(seed * 1000 + worker_id)
+        self.fraction, self.seed = fraction, seed
 
     def write(self, traj: Trajectory) -> None:
-        if self.fraction <= 0 or self._rng.random() >= self.fraction:
+        if not selected(traj.uid, self.fraction, self.seed):
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(trajectory_record(traj), default=str) + "\n")

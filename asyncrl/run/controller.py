@@ -442,7 +442,7 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, ver
                                     fleet.worker_states()))
 
     step_seconds: list[float] = []
-    with open(layout.trained_uids, "a") as uids_file:
+    with open(layout.trained_uids, "a") as uids_file, open(layout.learner_logprobs, "a") as logprobs_file:
         while fleet.step < cfg.trainer.total_steps:
             raise_if_stopping()  # a signal whose KeyboardInterrupt a finalizer swallowed
             if not next_step_fits(time.monotonic(), deadline, step_seconds):
@@ -459,6 +459,8 @@ def train_loop(cfg: Config, fleet: Fleet, metrics: MetricsLogger, out: Path, ver
             uids_file.write(json.dumps({"step": fleet.step, "version": trained_from, "uids": result.trained_uids})
                             + "\n")
             uids_file.flush()
+            logprobs_file.writelines(json.dumps({"step": fleet.step, **rec}) + "\n" for rec in result.token_logprobs)
+            logprobs_file.flush()
             stats = {**result.metrics, **fleet.sync_weights()}
             fleet.publish_version(result.version)  # after the sync: engines hold it before anyone admits by it
             step_seconds.append(time.perf_counter() - t0)

@@ -90,7 +90,8 @@ class LearnerActor:
             metrics["learner/step_seconds"] = time.perf_counter() - t0
         return StepResult(version=self.worker.version, batch_id=batch.batch_id,
                           trained_uids=[t.uid for t in batch.trajectories()] if self.rank == 0 else [],
-                          metrics=metrics, critic_targets=self.worker.critic_targets if self.rank == 0 else None)
+                          metrics=metrics, critic_targets=self.worker.critic_targets if self.rank == 0 else None,
+                          token_logprobs=self.worker.token_logprobs if self.rank == 0 else [])
 
     # ------------------------------------------------------------------ weights
 

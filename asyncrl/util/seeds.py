@@ -23,6 +23,18 @@ import hashlib
 SEED_BITS = 56
 
 
+def selected(uid: str, fraction: float, seed: int) -> bool:
+    """Whether the trajectory `uid` is in the run's `fraction` sample (trainer.dump_trajectories): fixed by the
+    uid and the run's seed, so the rollout worker that writes its line and the learner that writes its
+    log-probs (asyncrl/learner/worker.py) pick the same trajectories without telling each other."""
+    if fraction <= 0:
+        return False
+    if fraction >= 1:
+        return True
+    digest = hashlib.blake2b(f"{seed}:{uid}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < fraction * 2 ** 64
+
+
 def derive_seed(*parts: int) -> int:
     """A seed in [0, 2**SEED_BITS) fixed by `parts` (distinct tuples, lengths included, give independent seeds)."""
     if not parts or not all(isinstance(p, int) and not isinstance(p, bool) for p in parts):

@@ -7,7 +7,8 @@ Screens:
     new lines are read every second (`live`; `p` pauses it);
   - `enter`: one trajectory (`DetailScreen`) as its conversation (system, user, assistant with its tool calls,
     tool results), then its response tokens coloured by loss mask, policy version or behaviour logprob
-    (`c` cycles the colouring);
+    (`c` cycles the colouring), or by the gap between the learner's log-prob before its step and the
+    sampler's (mismatch; the summary line gives the trajectory's KL k3);
   - `g`: the samples of its group side by side (`GroupScreen`).
 Everything the model wrote is shown as plain text: no markup is interpreted and control characters are shown
 escaped (`safe`), so a response cannot restyle or clear the terminal.
@@ -33,7 +34,7 @@ from asyncrl.view.records import FilterError, RunReader, TrajRow, parse_filter
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 ROLE_STYLE = {"system": "magenta", "user": "cyan", "assistant": "green", "tool": "yellow"}
 VERSION_STYLES = ["green", "cyan", "magenta", "yellow", "blue", "red"]
-COLOURINGS = ("mask", "version", "logprob")
+COLOURINGS = ("mask", "version", "logprob", "mismatch")
 
 
 def safe(s: Any) -> str:
@@ -41,12 +42,19 @@ def safe(s: Any) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(s))
 
 
-def token_style(mode: str, mask: int, version: int, logprob: float) -> str:
+def token_style(mode: str, mask: int, version: int, logprob: float, learner: Optional[float] = None) -> str:
     """The colour of one response token: inserted tokens (mask 0: tool results, scaffolding) are dim; generated
-    ones are green (mask), one colour per policy version (version), or red/yellow/green for behaviour
-    probability < 0.1 / < 0.5 / >= 0.5 (logprob)."""
+    ones are green (mask), one colour per policy version (version), red/yellow/green for behaviour
+    probability < 0.1 / < 0.5 / >= 0.5 (logprob), or by how far the learner's log-prob before its step
+    (`learner`; dim where the run has none) is from the sampler's: |difference| >= 0.5 red, >= 0.05 yellow,
+    else green (mismatch)."""
     if not mask:
         return "dim"
+    if mode == "mismatch":
+        if learner is None:
+            return "dim"
+        gap = abs(learner - logprob)
+        return "bold red" if gap >= 0.5 else "yellow" if gap >= 0.05 else "green"
     if mode == "version":
         return VERSION_STYLES[version % len(VERSION_STYLES)] if version >= 0 else "dim"
     if mode == "logprob":
@@ -75,7 +83,9 @@ def conversation(row: TrajRow) -> Text:
 def summary_line(row: TrajRow) -> Text:
     r = row.record
     parts = ", ".join(f"{k} {v:g}" for k, v in row.reward_parts().items())
-    status = {"trained": f"trained at step {row.step} (staleness {row.staleness})",
+    k3 = row.mismatch_k3()
+    status = {"trained": f"trained at step {row.step} (staleness {row.staleness}"
+                         + (f", sampler/learner KL k3 {k3:.2g})" if k3 is not None else ")"),
               "dropped": f"dropped at step {row.step} ({row.dropped_reason})", "pending": "not trained (yet)"}
     return Text(safe(f"{row.uid} | reward {row.reward:g}" + (f" ({parts})" if parts else "")
                      + f" | {status[row.status]} | env {r.get('env', '?')} | agent {r.get('agent', '?')} | "
@@ -87,6 +97,7 @@ def token_text(row: TrajRow, mode: str, decode: Optional[Callable[[int], str]]) 
     r = row.record
     ids, mask = r.get("response_ids") or [], r.get("loss_mask") or []
     versions, lps = r.get("versions") or [], r.get("behavior_logprobs") or []
+    learner = row.proximal_logprobs or []
     out = Text(f"response tokens coloured by {mode} (c: next colouring)\n", style="italic")
     if not ids:
         out.append("(this record holds no tokens: written by an older asyncrl)")
@@ -95,7 +106,8 @@ def token_text(row: TrajRow, mode: str, decode: Optional[Callable[[int], str]]) 
         piece = decode(int(tid)) if decode is not None else f"[{tid}]"
         out.append(safe(piece), style=token_style(mode, int(mask[i]) if i < len(mask) else 0,
                                                   int(versions[i]) if i < len(versions) else -1,
-                                                  float(lps[i]) if i < len(lps) else 0.0))
+                                                  float(lps[i]) if i < len(lps) else 0.0,
+                                                  float(learner[i]) if i < len(learner) else None))
     return out
 
 

@@ -2,7 +2,8 @@
 
 `RunReader.poll()` reads whatever was appended since the last call to the run's `trajectories-w*.jsonl`
 (asyncrl/rollout/trajectory_log.py), `trained_uids.jsonl` ({step, version, uids} per step) and
-`dropped_groups.jsonl` ({step, group_id, reason}); a last line without its newline (the writer is mid-line)
+`dropped_groups.jsonl` ({step, group_id, reason}) and `learner_logprobs.jsonl` ({step, uid, proximal_logprobs}:
+the learner's log-probs of a trained trajectory's response tokens before its step); a last line without its newline (the writer is mid-line)
 is left for the next poll, a line that does not parse is counted in `bad_lines` and skipped. Each trajectory
 becomes a `TrajRow`: its status is `trained` (with the step and the staleness it was trained at: the
 learner's version minus the oldest version that wrote a token), `dropped` (its group closed unserved: stale
@@ -20,6 +21,7 @@ or failed) or `pending` (not trained yet, or dropped alone as stale: the buffer 
 from __future__ import annotations
 
 import json
+import math
 import operator
 import re
 from collections.abc import Callable
@@ -39,6 +41,17 @@ class TrajRow:
     step: Optional[int] = None  # the step it was trained in (or the step at which its group was dropped)
     staleness: Optional[int] = None  # trained: the learner's version minus the trajectory's min_version
     dropped_reason: str = ""
+    proximal_logprobs: Optional[list[float]] = None  # the learner's, per response token (learner_logprobs.jsonl)
+
+    def mismatch_k3(self) -> Optional[float]:
+        """The mean over generated tokens of k3 = r - 1 - log r, r = p_learner / p_sampler (0: they agree), from
+        the learner's log-probs before its step and the sampler's; None without the learner's."""
+        prox, behav = self.proximal_logprobs, self.record.get("behavior_logprobs") or []
+        mask = self.record.get("loss_mask") or []
+        if prox is None or len(prox) != len(behav):
+            return None
+        terms = [math.expm1(p - b) - (p - b) for p, b, m in zip(prox, behav, mask) if m]
+        return sum(terms) / len(terms) if terms else None
 
     @property
     def uid(self) -> str:
@@ -89,6 +102,7 @@ class RunReader:
         self.by_uid: dict[str, TrajRow] = {}
         self.trained: dict[str, tuple[int, int]] = {}  # uid -> (step, version)
         self.dropped: dict[str, tuple[int, str]] = {}  # group_id -> (step, reason)
+        self.proximal: dict[str, list[float]] = {}  # uid -> the learner's log-probs of its response tokens
         self.bad_lines = 0
         self._offsets: dict[Path, int] = {}
 
@@ -122,6 +136,12 @@ class RunReader:
         for rec in self._new_lines(layout.trained_uids):
             for uid in rec.get("uids") or []:
                 self.trained[str(uid)] = (int(rec.get("step", 0)), int(rec.get("version", rec.get("step", 1) - 1)))
+        for rec in self._new_lines(layout.learner_logprobs):
+            lps = rec.get("proximal_logprobs")
+            if isinstance(lps, list) and all(isinstance(x, (int, float)) for x in lps):
+                self.proximal[str(rec.get("uid"))] = [float(x) for x in lps]
+            else:
+                self.bad_lines += 1
         for rec in self._new_lines(layout.dropped_groups):
             self.dropped[str(rec.get("group_id"))] = (int(rec.get("step", 0)), str(rec.get("reason", "")))
         new = 0
@@ -138,6 +158,7 @@ class RunReader:
         return new
 
     def _settle(self, row: TrajRow) -> None:
+        row.proximal_logprobs = self.proximal.get(row.uid)
         if row.uid in self.trained:
             step, version = self.trained[row.uid]
             row.status, row.step, row.dropped_reason = "trained", step, ""

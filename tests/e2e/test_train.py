@@ -160,9 +160,12 @@ def _check_run(out: Path, steps: int, max_staleness: int, stale_drops_allowed: b
     view.poll()
     assert view.bad_lines == 0 and view.rows
     step_of = {u: rec["step"] for rec in _trained(out) for u in rec["uids"]}
+    decoupled = json.loads((out / "config.json").read_text())["algorithm"]["decoupled"]
     for row in view.rows:
         r = row.record
         assert len(r["response_ids"]) == len(r["loss_mask"]) == len(r["versions"]) == len(r["behavior_logprobs"])
+        if row.status == "trained" and decoupled:  # the learner's log-probs of the same tokens, before its step
+            assert len(row.proximal_logprobs) == len(r["behavior_logprobs"]) and row.mismatch_k3() >= 0
         assert row.step == step_of.get(row.uid) if row.status == "trained" else row.uid not in step_of
         assert row.staleness is None or 0 <= row.staleness <= max_staleness
     return recs

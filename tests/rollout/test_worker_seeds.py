@@ -10,12 +10,14 @@ and issued again.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
 from asyncrl.buffer.client import BufferConsumer
 from asyncrl.buffer.server import BufferService
 from asyncrl.config import BufferConfig, load_config
+from asyncrl.data.schema import make_trajectory
 from asyncrl.rollout.worker import RolloutWorker
 from asyncrl.util.seeds import SEED_BITS, derive_seed
 from tests.agents.scripted_engine import ScriptedEngine
@@ -75,3 +77,24 @@ def test_derive_seed_takes_ints_only_and_keeps_evaluations_seeds():
     for bad in [(), (1.0,), ("1",), (True,)]:
         with pytest.raises(TypeError, match="one or more ints"):
             derive_seed(*bad)
+
+
+def test_the_dump_sample_is_fixed_by_uid_and_seed_so_worker_and_learner_agree(tmp_path):
+    """trainer.dump_trajectories picks trajectories by `selected(uid, fraction, seed)`: the rollout worker's
+    TrajectoryLog writes exactly those lines, which the learner's learner_logprobs.jsonl also covers."""
+    from asyncrl.rollout.trajectory_log import TrajectoryLog  # lazy: only this test writes a dump
+    from asyncrl.util.seeds import selected  # lazy: as above
+
+    uids = [f"run-g{i}-{k}" for i in range(200) for k in range(2)]
+    picked = [u for u in uids if selected(u, 0.25, 7)]
+    assert 60 < len(picked) < 140  # about a quarter of 400
+    assert picked == [u for u in uids if selected(u, 0.25, 7)]  # fixed
+    assert picked != [u for u in uids if selected(u, 0.25, 8)]  # by the seed too
+    assert all(selected(u, 1.0, 7) for u in uids) and not any(selected(u, 0.0, 7) for u in uids)
+    log = TrajectoryLog(tmp_path, worker_id=0, fraction=0.25, seed=7)
+    for u in uids[:40]:
+        log.write(make_trajectory(uid=u, group_id=u.rsplit("-", 1)[0], group_size=2, env="e", agent="a",
+                                  prompt_ids=[1], response_ids=[2], loss_mask=[1], behavior_logprobs=[-0.5],
+                                  versions=[0], reward=0.0))
+    written = [json.loads(line)["uid"] for line in (tmp_path / "trajectories-w0.jsonl").read_text().splitlines()]
+    assert written == [u for u in uids[:40] if selected(u, 0.25, 7)]

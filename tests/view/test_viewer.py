@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 
@@ -46,6 +47,12 @@ async def _run_dir(tmp_path, tokenizer):
                                                  + "\n")
     (tmp_path / "dropped_groups.jsonl").write_text(json.dumps({"step": 5, "group_id": "r-g1", "reason": "stale"})
                                                    + "\n")
+    # the learner's log-probs of r-g0-0's tokens (the controller's format): every other one 0.7 off the sampler's
+    behav = trajectory_record(solved)["behavior_logprobs"]
+    learner = [b + 0.7 if i % 2 == 0 else b for i, b in enumerate(behav)]
+    (tmp_path / "learner_logprobs.jsonl").write_text(
+        json.dumps({"step": 4, "uid": "r-g0-0", "proximal_logprobs": learner}) + "\n"
+        + json.dumps({"step": 4, "uid": "r-g0-1", "proximal_logprobs": ["x"]}) + "\n")  # malformed: skipped
     return solved, hostile, broken
 
 
@@ -80,8 +87,14 @@ async def test_table_filters_detail_group_and_live(tmp_path, tokenizer):
         await pilot.press("c")
         tokens = app.screen.query_one("#tokens", Static).content
         assert "coloured by version" in tokens.plain and {"green", "cyan"} <= {str(s.style) for s in tokens.spans}
+        await pilot.press("c", "c")  # by the learner's log-prob against the sampler's
+        tokens = app.screen.query_one("#tokens", Static).content
+        assert "coloured by mismatch" in tokens.plain and {"green", "bold red", "dim"} <= {str(s.style) for s in tokens.spans}
+        assert "sampler/learner KL k3" in app.screen.query_one("#summary", Static).content.plain
+        await pilot.press("c")  # back to the first colouring
         await pilot.press("g")
         assert isinstance(app.screen, GroupScreen)
+        assert app.reader.bad_lines == 1  # the malformed learner line
         samples = [s.content.plain for s in app.screen.query(".sample-text").results(Static)]
         assert len(samples) == 2 and "reward 1" in samples[0] and "boom" in samples[1]
         await pilot.press("escape")
@@ -154,3 +167,13 @@ async def test_print_mode_lists_the_rows(tmp_path, tokenizer):
     bad = subprocess.run([sys.executable, "-m", "asyncrl.cli", "view", str(tmp_path / "nope")], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "no such directory" in bad.stderr
+
+
+def test_mismatch_k3_is_zero_when_learner_and_sampler_agree_and_counts_generated_tokens_only():
+    from asyncrl.view.records import TrajRow
+
+    rec = {"behavior_logprobs": [-1.0, -2.0, -0.5], "loss_mask": [1, 0, 1]}
+    assert TrajRow(rec, proximal_logprobs=[-1.0, -9.0, -0.5]).mismatch_k3() == 0.0  # the masked token is not counted
+    k3 = TrajRow(rec, proximal_logprobs=[-0.5, -2.0, -0.5]).mismatch_k3()
+    assert k3 == pytest.approx((math.expm1(0.5) - 0.5) / 2)
+    assert TrajRow(rec).mismatch_k3() is None and TrajRow(rec, proximal_logprobs=[0.0]).mismatch_k3() is None
