@@ -42,7 +42,7 @@ from asyncrl.learner.memory_estimate import lower_learner_memory
 from asyncrl.metrics import MetricsLogger
 from asyncrl.run.fleet import Fleet, load_rows
 from asyncrl.run.placement import cluster_problems
-from asyncrl.run.ray_auth import private_local_ray, readable_token_file
+from asyncrl.run.ray_auth import cluster_auth, private_local_ray, readable_token_file
 from asyncrl.run.watchdog import Verdict, Watchdog
 from asyncrl.run_dir import (
     RunDirError,
@@ -109,6 +109,8 @@ def run(cfg: Config, rows: list[dict] | None = None, overrides: list[str] | None
         raise
     # a Ray instance of the run's own: token authentication with a fresh token nobody else holds
     ray_token = None if joins_cluster(cfg) else private_local_ray()
+    if joins_cluster(cfg) and (line := cluster_auth()):
+        log.info("%s", line)
     try:
         write_overrides(out, list(overrides or []))
         with ConsoleLog(out, [*secret_env.values(), *([ray_token] if ray_token else [])]):

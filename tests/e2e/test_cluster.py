@@ -7,11 +7,18 @@ and the test ends it (its raylets and gcs by Cluster.shutdown, the run's tree by
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from asyncrl.util.net import free_port
 from tests.e2e.test_train import (
     _check_layout,
     _finish,
@@ -122,3 +129,70 @@ def test_a_local_run_starts_its_own_instance_whatever_ray_start_left_on_the_mach
     text = r.stdout + r.stderr
     assert r.returncode == 2, text[-4000:]
     assert "ray.placement.engine={'gpu_node': 1} for each of 1 engine actor(s): no alive node offers that" in text
+
+
+def _ray_cli() -> str:
+    return str(Path(sys.executable).parent / "ray")
+
+
+def _wait_nodes(address: str, env: dict, resource: str | None, timeout_s: float = 90) -> None:
+    """Until `ray status` at `address` answers (and lists `resource`, when given)."""
+    deadline = time.time() + timeout_s
+    while True:
+        r = subprocess.run([_ray_cli(), "status", f"--address={address}"], capture_output=True, text=True, env=env,
+                           timeout=60)
+        if r.returncode == 0 and (resource is None or resource in r.stdout):
+            return
+        assert time.time() < deadline, f"the cluster at {address} is not ready: {r.stdout[-2000:]}{r.stderr[-2000:]}"
+        time.sleep(1)
+
+
+@pytest.mark.heavy(40)
+def test_a_run_joins_a_cluster_made_with_ray_start_and_is_refused_until_its_node_joins(tiny_model_dir, tmp_path):
+    """As a user would: `ray start --head`, then `asyncrl train ray.address=...` asking for a node kind the
+    cluster lacks is refused before anything starts, naming it; `ray start --address` adds that node and the
+    same command trains. Ray 2.60 turns token authentication on for `ray start --head` when a token file
+    exists (as here, in this test's own HOME); other nodes join with RAY_AUTH_MODE=token, and the run joins
+    without being told (asyncrl/run/ray_auth.py cluster_auth). The test ends the `ray start` processes it
+    started, with all they started (by pid)."""
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    token_file = home / ".ray" / "auth_token"
+    token_file.write_text(secrets.token_hex(32))
+    token_file.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_ADDRESS")}
+    env.update(HOME=str(home), PYTHONUNBUFFERED="1")
+    port = free_port("127.0.0.1")
+    address = f"127.0.0.1:{port}"
+    ray_tmp = tempfile.mkdtemp(prefix="asyncrl-ray-")  # short: Ray's socket paths below it must fit 107 bytes
+    started = []
+    try:
+        started.append(subprocess.Popen(
+            [_ray_cli(), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+             f"--temp-dir={ray_tmp}", "--include-dashboard=false", "--disable-usage-stats"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True))
+        _wait_nodes(address, {**env, "RAY_AUTH_MODE": "token"}, None)
+        out = tmp_path / "run"
+        args = [sys.executable, "-m", "asyncrl.cli", "train", *_overrides(tiny_model_dir, out, **{
+            "ray.address": address, "ray.num_cpus": "null", "buffer.host": "0.0.0.0", "engine.host": "0.0.0.0",
+            "+ray.placement.rollout": "{rollout_node: 1}", "trainer.total_steps": 2})]
+        refused = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+        assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
+        assert "rollout_node" in refused.stderr and "no alive node offers that" in refused.stderr, refused.stderr[-3000:]
+        assert "token authentication" in refused.stderr  # joined the token-guarded cluster without being told
+        started.append(subprocess.Popen(
+            [_ray_cli(), "start", "--block", f"--address={address}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
+             '--resources={"rollout_node": 1}', "--disable-usage-stats"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**env, "RAY_AUTH_MODE": "token"},
+            start_new_session=True))
+        _wait_nodes(address, {**env, "RAY_AUTH_MODE": "token"}, "rollout_node")
+        shutil.rmtree(out)  # the refused run's summary: the same command, a fresh directory
+        done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["exit_code"] == 0 and [r["step"] for r in _trained(out)] == [1, 2]
+        assert _steps(out)[-1]["rollout/episodes_failed"] == 0
+    finally:
+        for proc in reversed(started):
+            _kill_tree(proc)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
