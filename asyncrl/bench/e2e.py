@@ -12,8 +12,8 @@ its median run.
 The limit (issue 41): after each async run, the learner alone trains that run's own batches again (read
 from its buffer log, batch by batch as trained_uids.jsonl lists them) with the torch threads the async
 run gave its learner (asyncrl/util/cpus.py cpu_threads) and nothing else running: `learner_only_s`, the
-mean per step (a mean, as the wall time per step is: long-tailed batches make some steps twice as long). `async_over_limit` = the async run's wall time per step / that (1.0: a loop as fast as its learner
-alone). The async run's own learner step and weight sync per step are reported beside it, so the gap
+mean per step (a mean, as the wall time per step is: long-tailed batches make some steps twice as long).
+`async_over_limit` = the async run's wall time per step / that (1.0: a loop as fast as its learner alone). The async run's own learner step and weight sync per step are reported beside it, so the gap
 reads as: the learner slowed by sharing the cores, the sync, and the learner's idle time.
 """
 

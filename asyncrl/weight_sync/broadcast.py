@@ -15,10 +15,11 @@ no group: it will never join the broadcast) or a broadcast that fails breaks the
 sync is abandoned, the group retired (destroyed once its in-flight collective returns), and the next
 sync builds a new one under a new name and port with the engines that answer.
 
-Delta syncs (delta.py), when every engine offers them (GET /weight_sync_info "delta", the embedded
-engine), serves a 16-bit dtype and (delta="auto") one of them is on another host: every bucket is tracked (`asyncrl_track`), the transport keeps the base (the tensors as last
-sent, in the wire dtype) and, when every member reports holding it, sends only what changed. A sync that
-does not end with every member ok leaves no base: the next one is full.
+Delta syncs (delta.py), when every engine offers them (GET /weight_sync_info "delta": the embedded
+engine) and serves a 16-bit dtype, and (delta="auto") one of them is on another host: every bucket is
+tracked (`asyncrl_track`), the transport keeps the base (the tensors as last sent, in the wire dtype) and,
+when every member reports holding it, sends only what changed. A sync that does not end with every member
+ok leaves no base: the next one is full.
 """
 
 from __future__ import annotations
