@@ -13,6 +13,7 @@ version and by behaviour logprob.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from typing import Any
 from asyncrl.data.schema import Trajectory
 from asyncrl.run_dir import RunLayout
 from asyncrl.util.seeds import selected
+
+log = logging.getLogger(__name__)
 
 
 def trajectory_record(traj: Trajectory, now: float | None = None) -> dict[str, Any]:
@@ -45,9 +48,19 @@ class TrajectoryLog:
     def __init__(self, output_dir: str | Path, worker_id: int, fraction: float, seed: int):
         self.path = RunLayout(Path(output_dir)).trajectories(worker_id)
         self.fraction, self.seed = fraction, seed
+        self.skipped = 0  # lines the file could not take (a full disk): the buffer's log holds the trajectories
 
     def write(self, traj: Trajectory) -> None:
+        """Append the trajectory's line if it is in the sample. A line the file cannot take (a full disk, a
+        lost mount) is skipped with one warning: this file is for reading runs, the buffer's acked log is
+        their record, and the episode must not fail over it."""
         if not selected(traj.uid, self.fraction, self.seed):
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(trajectory_record(traj), default=str) + "\n")
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(trajectory_record(traj), default=str) + "\n")
+        except OSError as e:
+            if not self.skipped:
+                log.warning("%s: %s; trajectory lines are skipped while it fails (the buffer's log keeps them)",
+                            self.path, e)
+            self.skipped += 1

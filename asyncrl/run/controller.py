@@ -42,7 +42,7 @@ from asyncrl.learner.memory_estimate import lower_learner_memory
 from asyncrl.metrics import MetricsLogger
 from asyncrl.run.fleet import Fleet, load_rows
 from asyncrl.run.placement import cluster_problems
-from asyncrl.run.ray_auth import cluster_auth, private_local_ray, readable_token_file
+from asyncrl.run.ray_auth import JOIN_HINT, private_local_ray, readable_token_file
 from asyncrl.run.watchdog import Verdict, Watchdog
 from asyncrl.run_dir import (
     RunDirError,
@@ -109,8 +109,6 @@ def run(cfg: Config, rows: list[dict] | None = None, overrides: list[str] | None
         raise
     # a Ray instance of the run's own: token authentication with a fresh token nobody else holds
     ray_token = None if joins_cluster(cfg) else private_local_ray()
-    if joins_cluster(cfg) and (line := cluster_auth()):
-        log.info("%s", line)
     try:
         write_overrides(out, list(overrides or []))
         with ConsoleLog(out, [*secret_env.values(), *([ray_token] if ray_token else [])]):
@@ -272,8 +270,17 @@ def _start_ray(cfg: Config, runtime_env: dict | None, stop_signal: dict, out: Pa
     # a run of its own starts its own instance ("local"): with no address, ray.init would join whatever Ray
     # instance was last started on this machine (its /tmp/ray/ray_current_cluster), another user's included
     address = cfg.ray.address if joins_cluster(cfg) else "local"
-    ray.init(address=address, num_cpus=cfg.ray.num_cpus, include_dashboard=False,
-             ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING, runtime_env=runtime_env)
+    try:
+        ray.init(address=address, num_cpus=cfg.ray.num_cpus, include_dashboard=False,
+                 ignore_reinit_error=True, log_to_driver=True, logging_level=logging.WARNING, runtime_env=runtime_env)
+    except ConnectionError as e:
+        if not joins_cluster(cfg):
+            raise
+        why = f"could not join the Ray cluster at {address!r} ({e}); {JOIN_HINT}"
+        log.error("%s", why)
+        _report(out, settle({"exit_code": EXIT_CONFIG, "exit_reason": "refused: the Ray cluster could not be joined",
+                             "diagnosis": why}, {}))
+        return EXIT_CONFIG
     stop_on_signals(stop_signal)  # ray.init made SIGTERM call sys.exit: a scheduler's stop would be a crash
     problems = cluster_problems(cfg, out)
     if not problems:

@@ -9,12 +9,12 @@ For a Ray instance the run starts itself, `private_local_ray` gives Ray a fresh 
 process's environment (`RAY_AUTH_MODE=token`, `RAY_AUTH_TOKEN`), which Ray's processes inherit, never in a
 file or on a command line, so the token lives as long as the run and no other run or user holds it. A user
 who set `RAY_AUTH_MODE` or `RAY_AUTH_TOKEN` themselves keeps their setting. A run that joins a cluster
-(`ray.address`, `RAY_ADDRESS`) uses that cluster's own authentication: `cluster_auth` turns token mode on
-when a token is at hand (`RAY_AUTH_TOKEN`, or the token file) and the mode is unset, the rule `ray start
---head` applies on the head (Ray 2.60's `maybe_enable_token_auth_if_token_available`). Ray's driver does not
-apply it when it joins: without it, a run joining a `ray start` cluster spent a minute retrying "Authentication
-token is missing or incorrect" and failed with a bare ConnectionError. A driver in token mode still joins a
-cluster without authentication (tried). Either way, a `~/.ray/auth_token`
+(`ray.address`, `RAY_ADDRESS`) uses that cluster's own authentication, as the user set it. `ray start --head`
+turns token mode on when a token file exists (Ray 2.60's `maybe_enable_token_auth_if_token_available`); a
+joining node or driver does not, so without `RAY_AUTH_MODE=token` a run spent a minute retrying
+"Authentication token is missing or incorrect": it then stops with exit 2 and `JOIN_HINT` (turning token mode
+on by itself is no answer: a token-mode driver joins a cluster without authentication, but its actors died
+there). Either way, a `~/.ray/auth_token`
 that others may read is reported, with the command that fixes it.
 """
 
@@ -54,18 +54,9 @@ def private_local_ray() -> Optional[str]:
     return token
 
 
-def cluster_auth(home: Optional[Path] = None) -> Optional[str]:
-    """For a run that joins a cluster: RAY_AUTH_MODE=token when it is unset and a token is at hand (returns a
-    line saying so, else None: the user's settings, or no token, decide)."""
-    if os.environ.get(MODE_ENV) is not None:
-        return None
-    path = (home or Path.home()) / ".ray" / "auth_token"
-    source = TOKEN_ENV if os.environ.get(TOKEN_ENV) else str(path) if path.is_file() else None
-    if source is None:
-        return None
-    os.environ[MODE_ENV] = "token"
-    _reload_ray_auth()
-    return f"joining the Ray cluster with token authentication (the token from {source}), as `ray start --head` would"
+JOIN_HINT = ("is it running, and does it use token authentication? Ray 2.60 turns it on for `ray start --head` "
+             "when ~/.ray/auth_token exists: every node and the run's driver then need RAY_AUTH_MODE=token and the "
+             "same token (that file, or RAY_AUTH_TOKEN)")
 
 
 def _reload_ray_auth() -> None:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.run import ray_auth
 from asyncrl.run.ray_auth import MODE_ENV, TOKEN_ENV, readable_token_file
 
 pytestmark = pytest.mark.timeout(240)
@@ -84,24 +83,3 @@ def test_a_token_file_others_may_read_is_reported(tmp_path):
     path.chmod(0o600)
     assert readable_token_file(tmp_path) is None
 
-
-def test_a_joining_run_takes_token_mode_only_when_unset_and_a_token_is_at_hand(tmp_path, monkeypatch):
-    """cluster_auth's rule (the one `ray start --head` applies): the mode the user set is kept; no token, no
-    change; a token file or RAY_AUTH_TOKEN with the mode unset turns token mode on. (Ray's reload of its C++
-    config is left out here: tests/e2e/test_cluster.py joins a real token-guarded `ray start` cluster.)"""
-    monkeypatch.setattr(ray_auth, "_reload_ray_auth", lambda: None)
-    for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
-        monkeypatch.delenv(k, raising=False)
-    home = tmp_path / "home"
-    assert ray_auth.cluster_auth(home) is None and "RAY_AUTH_MODE" not in os.environ  # no token anywhere
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    (home / ".ray").mkdir(parents=True)
-    (home / ".ray" / "auth_token").write_text("t" * 64)
-    assert ray_auth.cluster_auth(home) is None and os.environ["RAY_AUTH_MODE"] == "disabled"  # the user's
-    monkeypatch.delenv("RAY_AUTH_MODE")
-    line = ray_auth.cluster_auth(home)
-    assert os.environ["RAY_AUTH_MODE"] == "token" and str(home / ".ray" / "auth_token") in line
-    monkeypatch.delenv("RAY_AUTH_MODE")
-    (home / ".ray" / "auth_token").unlink()
-    monkeypatch.setenv("RAY_AUTH_TOKEN", "x" * 64)
-    assert "RAY_AUTH_TOKEN" in ray_auth.cluster_auth(home) and os.environ["RAY_AUTH_MODE"] == "token"

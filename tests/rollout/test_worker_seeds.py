@@ -98,3 +98,17 @@ def test_the_dump_sample_is_fixed_by_uid_and_seed_so_worker_and_learner_agree(tm
                                   versions=[0], reward=0.0))
     written = [json.loads(line)["uid"] for line in (tmp_path / "trajectories-w0.jsonl").read_text().splitlines()]
     assert written == [u for u in uids[:40] if selected(u, 0.25, 7)]
+
+
+def test_a_trajectory_line_the_file_cannot_take_is_skipped_not_raised(tmp_path, caplog):
+    """A full disk (seen in the disk-full e2e test: the rollout worker's episode died on ENOSPC from this file)
+    or any OSError of the dump file skips the line with one warning; the buffer's log is the record."""
+    from asyncrl.rollout.trajectory_log import TrajectoryLog  # lazy: only these tests write a dump
+
+    log = TrajectoryLog(tmp_path, worker_id=0, fraction=1.0, seed=0)
+    log.path.mkdir()  # a directory where the file should be: every open for append fails (IsADirectoryError)
+    for u in ("run-g0-0", "run-g0-1"):
+        log.write(make_trajectory(uid=u, group_id="run-g0", group_size=2, env="e", agent="a", prompt_ids=[1],
+                                  response_ids=[2], loss_mask=[1], behavior_logprobs=[-0.5], versions=[0], reward=0.0))
+    assert log.skipped == 2
+    assert sum("trajectory lines are skipped" in r.getMessage() for r in caplog.records) == 1
