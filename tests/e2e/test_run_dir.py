@@ -12,11 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from asyncrl.run_dir import RUN_STATE, layout_entry
 
-from .test_train import _check_layout, _kill_tree, _overrides
+from .test_train import _check_layout, _kill_tree, _overrides, _tree
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -38,9 +39,9 @@ def _trained(out: Path) -> list[dict]:
 def test_a_live_run_keeps_its_dir_and_a_killed_one_is_set_aside_by_resume_auto(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     with open(tmp_path / "first.log", "w") as log:
-        # steps and checkpoint_every far beyond what it can reach: however long the refused second run takes
-        # to start (a loaded machine, or a fast one: 50 steps once ended before the second was refused), the
-        # first is still running, with no checkpoint, when it is killed
+        # steps and checkpoint_every far beyond what it can reach (50 steps once ended before the second run
+        # was refused); once it has trained a step its whole tree is stopped (SIGSTOP): alive, holding the
+        # dir, with no checkpoint, and taking no CPU from the refused run or the tests beside it
         first = subprocess.Popen(_args(tiny_model_dir, out, **{"trainer.total_steps": 100000,
                                                                "trainer.checkpoint_every": 100000}), stdout=log,
                                  stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
@@ -50,6 +51,9 @@ def test_a_live_run_keeps_its_dir_and_a_killed_one_is_set_aside_by_resume_auto(t
             assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
             assert time.time() < deadline, "no step trained within 300 s"
             time.sleep(0.3)
+        tree = [psutil.Process(first.pid), *_tree(first)]
+        for p in tree:
+            p.suspend()
         second = subprocess.run(_args(tiny_model_dir, out, **{"trainer.total_steps": 2}), capture_output=True,
                                 text=True, env=_env(), timeout=200)
         assert first.poll() is None  # the refused run touched nothing of the live one
