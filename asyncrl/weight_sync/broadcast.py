@@ -39,7 +39,7 @@ import asyncrl.weight_sync.delta as deltas
 from asyncrl.config import WeightSyncConfig
 from asyncrl.models import sglang_served_dtype
 from asyncrl.util.net import free_port, is_loopback
-from asyncrl.weight_sync.bucketing import dtype_name, flat_groups, metas_of, pack, parse_dtype
+from asyncrl.weight_sync.bucketing import dtype_name, metas_of, pack_groups, parse_dtype
 from asyncrl.weight_sync.engine_http import EngineHTTP
 from asyncrl.weight_sync.errors import WeightMismatchError, WeightSyncError
 from asyncrl.weight_sync.group import destroy_group, init_custom_process_group
@@ -302,9 +302,7 @@ class GroupTransport(Transport):
     def _buffers(self, tensors: list[torch.Tensor], metas: list) -> list[torch.Tensor]:
         """(Worker thread.) A full bucket's broadcasts: per dtype group when coalesced, else per tensor."""
         tensors = [t.detach().to(self.device) for t in tensors]
-        if self.coalesce:
-            return [pack(tensors, idx) for _, idx in flat_groups(metas)]
-        return [t.contiguous() for t in tensors]
+        return pack_groups(tensors, metas) if self.coalesce else [t.contiguous() for t in tensors]
 
     async def _send(self, http: EngineHTTP, body: dict[str, Any], make: Callable[[], list[torch.Tensor]],
                     engines: list[str], report: SyncReport) -> dict[str, WeightSyncError]:

@@ -78,6 +78,16 @@ def flat_groups(metas: Sequence[TensorMeta]) -> list[tuple[str, list[int]]]:
     return list(groups.items())
 
 
+def flat_specs(metas: Sequence[TensorMeta]) -> list[tuple[int, torch.dtype]]:
+    """The receiver's flat buffers of the coalesced layout: (numel, dtype) per dtype group, in order."""
+    return [(sum(metas[i].numel for i in idx), parse_dtype(d)) for d, idx in flat_groups(metas)]
+
+
+def pack_groups(tensors: Sequence[torch.Tensor], metas: Sequence[TensorMeta]) -> list[torch.Tensor]:
+    """The sender's flat buffers of the coalesced layout: one per dtype group, in order (`flat_specs`'s)."""
+    return [pack(tensors, idx) for _, idx in flat_groups(metas)]
+
+
 def pack(tensors: Sequence[torch.Tensor], indices: Sequence[int]) -> torch.Tensor:
     """One flat contiguous buffer holding tensors[indices] back to back."""
     parts = [tensors[i].detach().reshape(-1) for i in indices]

@@ -45,7 +45,15 @@ from dataclasses import dataclass
 
 import torch
 
-from asyncrl.weight_sync.bucketing import TensorMeta, flat_groups, metas_of, pack, parse_dtype, unpack
+from asyncrl.weight_sync.bucketing import (
+    TensorMeta,
+    flat_groups,
+    flat_specs,
+    metas_of,
+    pack_groups,
+    parse_dtype,
+    unpack,
+)
 
 POSITION_DTYPE = torch.int32
 POSITION_BYTES = 4
@@ -137,8 +145,7 @@ def wire_buffers(items: Sequence[Planned]) -> list[torch.Tensor]:
     metas = metas_of_plan(items)
     whole = [i for i, p in enumerate(items) if p.positions is None]
     sparse = [i for i, p in enumerate(items) if p.positions is not None]
-    tensors = [p.tensor for p in items]
-    bufs = [pack(tensors, [whole[j] for j in idx]) for _, idx in flat_groups([metas[i] for i in whole])]
+    bufs = pack_groups([items[i].tensor for i in whole], [metas[i] for i in whole])
     if sparse:
         bufs.append(torch.cat([items[i].positions for i in sparse]))  # type: ignore[misc]
         values = [items[i].values for i in sparse]
@@ -150,7 +157,7 @@ def wire_specs(metas: Sequence[TensorMeta], counts: Sequence[int]) -> list[tuple
     """The receiver's broadcasts of one delta bucket: (numel, dtype) each, in the layout's order."""
     whole = [m for m, c in zip(metas, counts) if c == WHOLE]
     sparse = [(m, c) for m, c in zip(metas, counts) if c != WHOLE]
-    specs = [(sum(whole[i].numel for i in idx), parse_dtype(d)) for d, idx in flat_groups(whole)]
+    specs = flat_specs(whole)
     if sparse:
         specs.append((sum(c for _, c in sparse), POSITION_DTYPE))
         specs += [(sum(sparse[i][1] for i in idx), parse_dtype(d)) for d, idx in flat_groups([m for m, _ in sparse])]

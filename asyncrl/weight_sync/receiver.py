@@ -40,6 +40,7 @@ from asyncrl.weight_sync.bucketing import (
     TensorMeta,
     dtype_name,
     flat_groups,
+    flat_specs,
     is_float_dtype,
     metas_from_request,
     metas_of,
@@ -75,20 +76,13 @@ def check_metas(targets: dict[str, torch.Tensor], metas: Sequence[TensorMeta]) -
 def receive_bucket(pg: Any, metas: Sequence[TensorMeta], coalesce: bool, device: str) -> list[torch.Tensor]:
     """Receive one bucket from rank 0 of `pg` (blocking): per dtype group when `coalesce` (the rule
     in bucketing.py), else one broadcast per tensor in order. Returns tensors in `metas` order."""
+    if not coalesce:
+        specs = [(m.numel, parse_dtype(m.dtype, f"weight {m.name!r}")) for m in metas]
+        return [b.view(m.shape) for b, m in zip(receive_buffers(pg, specs, device), metas)]
     out: list[torch.Tensor | None] = [None] * len(metas)
-    works = []
-    if coalesce:
-        for dtype, idx in flat_groups(metas):
-            flat = torch.empty(sum(metas[i].numel for i in idx), dtype=parse_dtype(dtype), device=device)
-            works.append(dist.broadcast(flat, src=0, group=pg, async_op=True))
-            for i, view in zip(idx, unpack(flat, metas, idx)):
-                out[i] = view
-    else:
-        for i, m in enumerate(metas):
-            out[i] = torch.empty(m.shape, dtype=parse_dtype(m.dtype, f"weight {m.name!r}"), device=device)
-            works.append(dist.broadcast(out[i], src=0, group=pg, async_op=True))
-    for w in works:
-        w.wait()
+    for (_, idx), flat in zip(flat_groups(metas), receive_buffers(pg, flat_specs(metas), device)):
+        for i, view in zip(idx, unpack(flat, metas, idx)):
+            out[i] = view
     return out  # type: ignore[return-value]
 
 
