@@ -31,6 +31,7 @@ import msgspec
 
 from asyncrl.bench.rounds import MIN_ROUNDS, interleave, ratio, summary
 from asyncrl.buffer import wal
+from asyncrl.buffer.protocol import canonical_batch
 from asyncrl.config import load_config
 from asyncrl.data.schema import Batch, Group, Trajectory
 from asyncrl.metrics import read_metrics
@@ -104,9 +105,8 @@ def trained_batches(out: Path) -> list[Batch]:
         groups: dict[str, list[Trajectory]] = {}
         for t in trajs:
             groups.setdefault(t.group_id, []).append(t)
-        batches.append(Batch(batch_id=row["step"], groups=[
-            Group(group_id=g, trajectories=sorted(ts, key=lambda t: (t.sample_index, t.uid)),
-                  expected=ts[0].group_size) for g, ts in sorted(groups.items())]))
+        batches.append(canonical_batch(row["step"], [Group(group_id=g, trajectories=ts, expected=ts[0].group_size)
+                                                     for g, ts in groups.items()]))
     return batches
 
 

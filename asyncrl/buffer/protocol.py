@@ -145,12 +145,19 @@ def batch_frames(batch_id: int, groups) -> list:
     return [pack(header), b"".join(raws)]
 
 
-def decode_batch(frames: list) -> Batch:
-    """Inverse of `batch_frames`: an `asyncrl.data.schema.Batch` (raises ValueError on a bad reply), in its
-    canonical order: groups by group id, each group's members by (sample index, uid). The buffer serves
+def canonical_batch(batch_id: int, groups: list[Group]) -> Batch:
+    """THE batch order: groups by group id, each group's members by (sample index, uid). The buffer serves
     groups in completion order and stores members in arrival order, both set by timing; the learner's
     step (packing, sums, advantages) follows the batch's order, so this makes it depend only on which
     trajectories the batch holds: two runs that train the same trajectories compute the same bits."""
+    return Batch(batch_id=batch_id, groups=sorted(
+        (msgspec.structs.replace(g, trajectories=sorted(g.trajectories, key=lambda t: (t.sample_index, t.uid)))
+         for g in groups), key=lambda g: g.group_id))
+
+
+def decode_batch(frames: list) -> Batch:
+    """Inverse of `batch_frames`: an `asyncrl.data.schema.Batch` (raises ValueError on a bad reply), in its
+    canonical order (`canonical_batch`)."""
     if len(frames) != 2:
         raise ValueError(f"BATCH reply needs [header, blob], got {len(frames)} frames")
     h = unpack(frames[0], BatchHeader)
@@ -165,10 +172,9 @@ def decode_batch(frames: list) -> Batch:
         pos += n
     groups, i = [], 0
     for gid, expected, failed, n in h.groups:
-        members = sorted(trajs[i:i + n], key=lambda t: (t.sample_index, t.uid))
-        groups.append(Group(group_id=gid, expected=expected, failed=failed, trajectories=members))
+        groups.append(Group(group_id=gid, expected=expected, failed=failed, trajectories=trajs[i:i + n]))
         i += n
-    return Batch(batch_id=h.batch_id, groups=sorted(groups, key=lambda g: g.group_id))
+    return canonical_batch(h.batch_id, groups)
 
 
 _enc = msgspec.msgpack.Encoder()
