@@ -276,20 +276,23 @@ def _start_ray(cfg: Config, runtime_env: dict | None, stop_signal: dict, out: Pa
     except ConnectionError as e:
         if not joins_cluster(cfg):
             raise
-        why = f"could not join the Ray cluster at {address!r} ({e}); {JOIN_HINT}"
-        log.error("%s", why)
-        _report(out, settle({"exit_code": EXIT_CONFIG, "exit_reason": "refused: the Ray cluster could not be joined",
-                             "diagnosis": why}, {}))
-        return EXIT_CONFIG
+        return _refused(out, "the Ray cluster could not be joined",
+                        [f"could not join the Ray cluster at {address!r} ({e}); {JOIN_HINT}"])
     stop_on_signals(stop_signal)  # ray.init made SIGTERM call sys.exit: a scheduler's stop would be a crash
     problems = cluster_problems(cfg, out)
     if not problems:
         return None
-    for p in problems:
-        log.error("the Ray cluster cannot hold this run: %s", p)
-    _report(out, settle({"exit_code": EXIT_CONFIG, "exit_reason": "refused: the Ray cluster cannot hold this run",
-                         "diagnosis": "; ".join(problems)}, {}))
+    code = _refused(out, "the Ray cluster cannot hold this run", problems)
     ray.shutdown()
+    return code
+
+
+def _refused(out: Path, reason: str, problems: list[str]) -> int:
+    """A run the cluster refuses: each problem logged, the summary written; the exit code."""
+    for p in problems:
+        log.error("%s: %s", reason, p)
+    _report(out, settle({"exit_code": EXIT_CONFIG, "exit_reason": f"refused: {reason}",
+                         "diagnosis": "; ".join(problems)}, {}))
     return EXIT_CONFIG
 
 
